@@ -1,0 +1,28 @@
+# hpcrep: `make test` and `make bench` install what is missing (tools/install.sh), then run.
+PY      := .venv/bin/python
+MPIRUN  := $(PY) -m hpcrep.launch.mpirun
+PYTEST  := $(PY) -m pytest -p no:cacheprovider
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install test test-unit test-mpi bench clean
+
+install:
+	@bash tools/install.sh
+
+test: install
+	$(MAKE) --no-print-directory test-unit test-mpi
+
+test-unit:
+	$(PYTEST) -q tests/unit
+
+# The collective suite runs as one MPI job at 4 ranks and again at 1 rank.
+test-mpi:
+	$(MPIRUN) -n 4 -- $(PYTEST) -q tests/mpi
+	$(MPIRUN) -n 1 -- $(PYTEST) -q tests/mpi
+
+bench: install
+	$(PY) -m bench.allreduce --ranks 2,4
+
+clean:
+	rm -rf .venv reports

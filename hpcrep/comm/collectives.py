@@ -1,0 +1,313 @@
+"""Collectives on numpy arrays over hpcrep's private communicator.
+
+Every public function here is collective: every rank must call it, in the same order, with arrays
+of the same dtype and shape (for allgather and alltoall, all but the first dimension). Before any
+data moves, :func:`hpcrep.comm.check.agree` verifies that, so a mismatch raises
+:class:`~hpcrep.errors.CollectiveMismatchError` on every rank instead of hanging.
+
+Results are new arrays (views of pooled, aligned buffers; see :mod:`hpcrep.comm.fusion`); inputs
+are never modified.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from hpcrep import config
+from hpcrep.comm import check, fusion, world
+from hpcrep.comm.dtypes import mpi_reduce_args
+from hpcrep.comm.ops import ReduceOp, as_reduce_op
+from hpcrep.errors import CollectiveArgumentError
+
+# Collectives are atomic per process: two threads must not interleave messages on one comm.
+_lock = threading.RLock()
+
+
+def _names(arrays: Sequence[Any], name: Optional[str], prefix: str) -> list[str]:
+    if name is None:
+        return [f"{prefix}.{i}" for i in range(len(arrays))]
+    if len(arrays) == 1:
+        return [name]
+    return [f"{name}.{i}" for i in range(len(arrays))]
+
+
+def _as_arrays(arrays: Sequence[Any]) -> list[np.ndarray]:
+    return [np.asarray(a) for a in arrays]
+
+
+def _agree(kind: str, params: tuple, arrays: Sequence[np.ndarray], names: Sequence[str],
+           free_first_dim: bool = False) -> None:
+    if config.get("HPCREP_CHECK_COLLECTIVES"):
+        check.agree(world.comm(), (kind, params, check.entries(arrays, names, free_first_dim)))
+
+
+def _check_scales(op: ReduceOp, prescale: float, postscale: float) -> None:
+    if (prescale != 1.0 or postscale != 1.0) and op not in (ReduceOp.Sum, ReduceOp.Average):
+        raise CollectiveArgumentError(
+            f"prescale_factor and postscale_factor apply only to Sum and Average, but op={op.name} "
+            f"was given with prescale_factor={prescale}, postscale_factor={postscale}; drop the "
+            "factors or use op=Sum.")
+
+
+def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      name: Optional[str] = None) -> list[np.ndarray]:
+    """Reduce each array elementwise across ranks; return the results in the same order.
+
+    Arrays are fused into few buffers (``HPCREP_FUSION_THRESHOLD``) and reduced in place, one MPI
+    call per buffer. ``Average`` of floating arrays folds ``1/size`` into the packing copy (so
+    it costs nothing extra); for integer arrays it is a floor division of the sum.
+
+    Collective: every rank must call this, in the same order, with the same number of arrays and
+    equal dtypes and shapes.
+    """
+    op = as_reduce_op(op)
+    _check_scales(op, prescale_factor, postscale_factor)
+    arrays = _as_arrays(arrays)
+    names = _names(arrays, name, "allreduce")
+    with _lock:
+        comm = world.comm()
+        _agree("allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
+        n = comm.Get_size()
+        layout = tuple((a.shape, a.dtype.name) for a in arrays)
+        out: list = [None] * len(arrays)
+        for bucket in fusion.plan(layout, config.get("HPCREP_FUSION_THRESHOLD")):
+            floating = bucket.dtype.kind in "fc" or bucket.dtype.name == "bfloat16"
+            pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
+            buf = fusion.pack(bucket, arrays, pre)
+            if n > 1:
+                comm.Allreduce(*mpi_reduce_args(buf, op))
+            if op is ReduceOp.Average and not floating:
+                np.floor_divide(buf, n, out=buf)
+            if postscale_factor != 1.0:
+                np.multiply(buf, postscale_factor, out=buf, casting="unsafe")
+            fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
+        return out
+
+
+def allreduce(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None) -> np.ndarray:
+    """Reduce ``array`` elementwise across ranks (see :func:`grouped_allreduce`).
+
+    Collective: every rank must call this, in the same order, with equal dtype and shape.
+    """
+    return grouped_allreduce([array], op, prescale_factor, postscale_factor, name)[0]
+
+
+def grouped_broadcast(arrays: Sequence[Any], root_rank: int = 0,
+                      name: Optional[str] = None) -> list[np.ndarray]:
+    """Return rank ``root_rank``'s values of ``arrays`` on every rank, fused into few messages.
+
+    Collective: every rank must call this, in the same order, with equal dtypes and shapes.
+    """
+    arrays = _as_arrays(arrays)
+    names = _names(arrays, name, "broadcast")
+    with _lock:
+        comm = world.comm()
+        _check_root(root_rank, comm.Get_size())
+        _agree("broadcast", (int(root_rank),), arrays, names)
+        is_root = comm.Get_rank() == root_rank
+        layout = tuple((a.shape, a.dtype.name) for a in arrays)
+        out: list = [None] * len(arrays)
+        for bucket in fusion.plan(layout, config.get("HPCREP_FUSION_THRESHOLD")):
+            buf = fusion.pack(bucket, arrays, fill=is_root)
+            if comm.Get_size() > 1:
+                comm.Bcast(buf.view(np.uint8), root=root_rank)
+            fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
+        return out
+
+
+def broadcast(array: Any, root_rank: int = 0, name: Optional[str] = None) -> np.ndarray:
+    """Return rank ``root_rank``'s value of ``array`` on every rank.
+
+    Collective: every rank must call this, in the same order, with equal dtype and shape.
+    """
+    return grouped_broadcast([array], root_rank, name)[0]
+
+
+def _check_root(root_rank: int, n: int) -> None:
+    if not 0 <= int(root_rank) < n:
+        raise CollectiveArgumentError(
+            f"root_rank={root_rank} is not a rank of this job (valid: 0..{n - 1}); pass the rank "
+            "whose values every rank should receive.")
+
+
+def grouped_allgather(arrays: Sequence[Any], name: Optional[str] = None) -> list[np.ndarray]:
+    """Concatenate each array's values from all ranks along the first dimension, rank order.
+
+    The first dimension may differ by rank; the others and the dtype must agree.
+
+    Collective: every rank must call this, in the same order, with the same number of arrays.
+    """
+    return grouped_allgatherv(arrays, name)[0]
+
+
+def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None
+                       ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Like :func:`grouped_allgather`, and also return the rows each rank gave, ``[size, n]``.
+
+    One small allgather exchanges every array's first dimension together with the agreement hash.
+
+    Collective: every rank must call this, in the same order, with the same number of arrays.
+    """
+    arrays = [np.ascontiguousarray(a) for a in _as_arrays(arrays)]
+    for a, nm in zip(arrays, _names(arrays, name, "allgather")):
+        if a.ndim == 0:
+            raise CollectiveArgumentError(
+                f"allgather of {nm!r} needs an array with at least one dimension, got a scalar; "
+                "reshape it to [1] first.")
+    names = _names(arrays, name, "allgather")
+    with _lock:
+        comm = world.comm()
+        signature = ("allgather", (), check.entries(arrays, names, free_first_dim=True))
+        mine = np.array([check.signature_hash(signature)] + [a.shape[0] for a in arrays],
+                        dtype=np.int64)
+        table = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
+        comm.Allgather(mine, table)
+        if config.get("HPCREP_CHECK_COLLECTIVES") and (table[:, 0] != table[0, 0]).any():
+            raise check.CollectiveMismatchError(check.mismatch_message(comm.allgather(signature)))
+        out = []
+        for i, a in enumerate(arrays):
+            rows = table[:, i + 1]
+            row = int(np.prod(a.shape[1:], dtype=np.int64))
+            result = fusion.POOL.take(a.dtype, int(rows.sum()) * row)
+            counts = (rows * row).astype(np.int64)
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            comm.Allgatherv(a.view(np.uint8).reshape(-1),
+                            [result.view(np.uint8), (counts * a.itemsize, displs * a.itemsize)])
+            out.append(result.reshape((int(rows.sum()),) + a.shape[1:]))
+        return out, table[:, 1:]
+
+
+def allgather(array: Any, name: Optional[str] = None) -> np.ndarray:
+    """Concatenate ``array`` from all ranks along the first dimension (see grouped_allgather).
+
+    Collective: every rank must call this, in the same order.
+    """
+    return grouped_allgather([array], name)[0]
+
+
+def allgatherv(array: Any, name: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``array`` gathered from all ranks and the number of rows each rank gave.
+
+    Collective: every rank must call this, in the same order.
+    """
+    gathered, rows = grouped_allgatherv([array], name)
+    return gathered[0], rows[:, 0]
+
+
+def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
+             name: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Send ``splits[j]`` consecutive rows of ``array`` to rank j; return what arrived and its splits.
+
+    Without ``splits`` the first dimension is divided evenly (it must be a multiple of size).
+    Returns ``(received, received_splits)``: rows from rank 0 first, then rank 1, and so on.
+
+    Collective: every rank must call this, in the same order, with equal dtype and trailing shape.
+    """
+    a = np.ascontiguousarray(np.asarray(array))
+    nm = name or "alltoall.0"
+    with _lock:
+        comm = world.comm()
+        n = comm.Get_size()
+        if a.ndim == 0:
+            raise CollectiveArgumentError(
+                f"alltoall of {nm!r} needs an array with at least one dimension, got a scalar.")
+        if splits is None:
+            if a.shape[0] % n:
+                raise CollectiveArgumentError(
+                    f"alltoall of {nm!r} without splits needs a first dimension divisible by the "
+                    f"number of ranks ({n}), got shape {list(a.shape)}; pass splits=[...] with "
+                    f"{n} entries that sum to {a.shape[0]}.")
+            send_rows = np.full(n, a.shape[0] // n, dtype=np.int64)
+        else:
+            send_rows = np.asarray(splits, dtype=np.int64).reshape(-1)
+            if send_rows.size != n or (send_rows < 0).any() or send_rows.sum() != a.shape[0]:
+                raise CollectiveArgumentError(
+                    f"alltoall of {nm!r}: splits must have one non-negative entry per rank ({n}) "
+                    f"summing to the first dimension {a.shape[0]}; got {list(send_rows)}.")
+        _agree("alltoall", (), [a], [nm], free_first_dim=True)
+        recv_rows = np.empty(n, dtype=np.int64)
+        comm.Alltoall(send_rows, recv_rows)
+        row = int(np.prod(a.shape[1:], dtype=np.int64))
+        result = fusion.POOL.take(a.dtype, int(recv_rows.sum()) * row)
+        sc, rc = send_rows * row * a.itemsize, recv_rows * row * a.itemsize
+        sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
+        rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
+        comm.Alltoallv([a.view(np.uint8).reshape(-1), (sc, sd)],
+                       [result.view(np.uint8), (rc, rd)])
+        return result.reshape((int(recv_rows.sum()),) + a.shape[1:]), recv_rows
+
+
+def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0, name: Optional[str] = None) -> np.ndarray:
+    """Reduce ``array`` across ranks and return this rank's share of the first dimension.
+
+    Rows are divided as evenly as possible; the first ``rows % size`` ranks get one extra row.
+
+    Collective: every rank must call this, in the same order, with equal dtype and shape.
+    """
+    op = as_reduce_op(op)
+    _check_scales(op, prescale_factor, postscale_factor)
+    a = np.asarray(array)
+    nm = name or "reducescatter.0"
+    if a.ndim == 0:
+        raise CollectiveArgumentError(
+            f"reducescatter of {nm!r} needs an array with at least one dimension, got a scalar.")
+    with _lock:
+        comm = world.comm()
+        n, me = comm.Get_size(), comm.Get_rank()
+        _agree("reducescatter", (op.name, prescale_factor, postscale_factor), [a], [nm])
+        floating = a.dtype.kind in "fc" or a.dtype.name == "bfloat16"
+        pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
+        send = fusion.POOL.take(a.dtype, a.size)
+        if pre == 1.0:
+            np.copyto(send, a.reshape(-1))
+        else:
+            np.multiply(a.reshape(-1), pre, out=send, casting="unsafe")
+        rows = np.full(n, a.shape[0] // n, dtype=np.int64)
+        rows[: a.shape[0] % n] += 1
+        row = int(np.prod(a.shape[1:], dtype=np.int64))
+        result = fusion.POOL.take(a.dtype, int(rows[me]) * row)
+        if n > 1:
+            sendbuf, recvbuf, mpi_op = mpi_reduce_args(send, op, out=result)
+            comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=list(rows * row), op=mpi_op)
+        else:
+            np.copyto(result, send)
+        if op is ReduceOp.Average and not floating:
+            np.floor_divide(result, n, out=result)
+        if postscale_factor != 1.0:
+            np.multiply(result, postscale_factor, out=result, casting="unsafe")
+        return result.reshape((int(rows[me]),) + a.shape[1:])
+
+
+def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+    """Return rank ``root_rank``'s ``obj`` (pickled) on every rank.
+
+    Collective: every rank must call this, in the same order.
+    """
+    with _lock:
+        comm = world.comm()
+        _check_root(root_rank, comm.Get_size())
+        return comm.bcast(obj, root=root_rank)
+
+
+def allgather_object(obj: Any) -> list:
+    """Return the list of every rank's ``obj`` (pickled), in rank order.
+
+    Collective: every rank must call this, in the same order.
+    """
+    with _lock:
+        return world.comm().allgather(obj)
+
+
+def barrier() -> None:
+    """Wait until every rank has called this.
+
+    Collective: every rank must call this.
+    """
+    with _lock:
+        world.comm().Barrier()

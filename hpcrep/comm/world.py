@@ -1,0 +1,150 @@
+"""The MPI world hpcrep runs in: initialisation, ranks and the private communicators.
+
+hpcrep never talks on the user's communicator. :func:`init` duplicates ``COMM_WORLD`` (or the
+communicator given) once, and splits the duplicate into a node-local and a cross-node
+communicator. Every collective in :mod:`hpcrep.comm` uses :func:`comm`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Optional, Sequence
+
+from hpcrep.errors import NotInitializedError
+
+
+@dataclasses.dataclass
+class _World:
+    comm: Any          # private duplicate of the parent communicator
+    local: Any         # ranks on this node (shared memory)
+    cross: Any         # one rank per node with the same local rank
+    owns_mpi: bool     # hpcrep called MPI_Init and should finalize at shutdown
+
+
+_world: Optional[_World] = None
+_lock = threading.RLock()
+
+
+def _mpi() -> Any:
+    """Import mpi4py.MPI (which initialises MPI with thread level 'multiple' if needed)."""
+    from mpi4py import MPI  # noqa: PLC0415 - deliberate lazy import: importing hpcrep is cheap
+
+    return MPI
+
+
+def init(comm: Any = None) -> None:
+    """Initialise hpcrep on ``comm`` (default ``MPI.COMM_WORLD``); a second call does nothing.
+
+    Args:
+        comm: an mpi4py communicator, or a list of world ranks to run on (as in Horovod); ranks
+            not in the list get a world of their own of size 1.
+
+    Collective: every rank of ``comm`` (or of ``COMM_WORLD`` when a rank list is given) must call
+    this.
+    """
+    global _world
+    with _lock:
+        if _world is not None:
+            return
+        MPI = _mpi()
+        parent = MPI.COMM_WORLD if comm is None else comm
+        if isinstance(comm, Sequence):
+            ranks = [int(r) for r in comm]
+            world = MPI.COMM_WORLD
+            color = 0 if world.Get_rank() in ranks else 1
+            key = ranks.index(world.Get_rank()) if color == 0 else world.Get_rank()
+            parent = world.Split(color, key)
+        private = parent.Dup()
+        private.Set_name("hpcrep")
+        local = private.Split_type(MPI.COMM_TYPE_SHARED, key=private.Get_rank())
+        cross = private.Split(local.Get_rank(), private.Get_rank())
+        _world = _World(private, local, cross, owns_mpi=False)
+
+
+def shutdown() -> None:
+    """Free hpcrep's communicators. After this, :func:`init` may be called again.
+
+    Collective: every rank that called :func:`init` must call this.
+    """
+    global _world
+    with _lock:
+        if _world is None:
+            return
+        for c in (_world.cross, _world.local, _world.comm):
+            c.Free()
+        _world = None
+
+
+def is_initialized() -> bool:
+    """Return True if :func:`init` has been called (and not undone by :func:`shutdown`)."""
+    return _world is not None
+
+
+def _require() -> _World:
+    if _world is None:
+        raise NotInitializedError(
+            "hpcrep has not been initialized: call hpcrep.comm.init() (or hvd.init()) before "
+            "asking for ranks or running collectives.")
+    return _world
+
+
+def comm() -> Any:
+    """Return hpcrep's private duplicate of the world communicator."""
+    return _require().comm
+
+
+def rank() -> int:
+    """Return this process's rank in hpcrep's world."""
+    return _require().comm.Get_rank()
+
+
+def size() -> int:
+    """Return the number of ranks in hpcrep's world."""
+    return _require().comm.Get_size()
+
+
+def local_rank() -> int:
+    """Return this process's rank among the ranks on its node."""
+    return _require().local.Get_rank()
+
+
+def local_size() -> int:
+    """Return the number of ranks on this process's node."""
+    return _require().local.Get_size()
+
+
+def cross_rank() -> int:
+    """Return the index of this process's node among the nodes (ranks with its local rank)."""
+    return _require().cross.Get_rank()
+
+
+def cross_size() -> int:
+    """Return the number of nodes that have a rank with this process's local rank."""
+    return _require().cross.Get_size()
+
+
+def is_homogeneous() -> bool:
+    """Return True if every node runs the same number of ranks.
+
+    Collective: every rank must call this.
+    """
+    w = _require()
+    sizes = w.comm.allgather(w.local.Get_size())
+    return min(sizes) == max(sizes)
+
+
+def mpi_threads_supported() -> bool:
+    """Return True if MPI was initialised with ``MPI_THREAD_MULTIPLE``."""
+    MPI = _mpi()
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_library_version() -> str:
+    """Return the first line of the MPI library's version string."""
+    return _mpi().Get_library_version().strip().splitlines()[0]
+
+
+def abort(errorcode: int = 1) -> None:
+    """Abort every rank of the job (``MPI_Abort`` on ``COMM_WORLD``). Does not return."""
+    _mpi().COMM_WORLD.Abort(errorcode)

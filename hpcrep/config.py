@@ -1,0 +1,92 @@
+"""The one table of ``HPCREP_*`` settings.
+
+Nothing else in hpcrep reads ``os.environ`` for these names: ask :func:`get`. Each setting has a
+name, a type, a default and a meaning; ``python -m hpcrep.config`` prints the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+from hpcrep.errors import ConfigError
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected one of 1/0, true/false, yes/no, on/off; got {text!r}")
+
+
+def _parse_bytes(text: str) -> int:
+    """Parse ``"64MiB"``, ``"1048576"``, ``"4k"`` and the like into a number of bytes."""
+    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+             "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+    value = text.strip().lower()
+    digits = value.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = value[len(digits):].strip()
+    if not digits or unit not in units:
+        raise ValueError(f"expected a byte count such as 67108864, 64MiB or 4k; got {text!r}")
+    return int(float(digits) * units[unit])
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One ``HPCREP_*`` environment setting."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    meaning: str
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in [
+    Setting("HPCREP_FUSION_THRESHOLD", _parse_bytes, 64 << 20,
+            "Largest fusion buffer in bytes: grouped collectives pack tensors into buffers of at "
+            "most this size (a larger tensor gets a buffer of its own). 0 disables packing."),
+    Setting("HPCREP_CHECK_COLLECTIVES", _parse_bool, True,
+            "Before each collective, agree on a 64-bit hash of the tensors' names, shapes and "
+            "dtypes (one 16-byte allreduce), so that mismatched calls raise instead of hanging."),
+    Setting("HPCREP_THREADS", int, 0,
+            "TensorFlow intra-op threads per rank; 0 means cores on this node // ranks on this "
+            "node (at least 1)."),
+    Setting("HPCREP_LOG_LEVEL", str, "warning",
+            "Verbosity of hpcrep's own log: debug, info, warning or error."),
+]}
+
+
+def get(name: str) -> Any:
+    """Return the parsed value of setting ``name`` from the environment, or its default.
+
+    Raises:
+        ConfigError: ``name`` is not a known setting, or its value does not parse.
+    """
+    try:
+        setting = SETTINGS[name]
+    except KeyError:
+        raise ConfigError(f"unknown hpcrep setting {name!r}; known: {', '.join(SETTINGS)}") from None
+    raw = os.environ.get(name)
+    if raw is None:
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r} is invalid: {exc}. Meaning: {setting.meaning} "
+                          f"Unset it to use the default ({setting.default!r}).") from None
+
+
+def describe() -> str:
+    """Return the settings table as text: name, default, current value, meaning."""
+    lines = []
+    for s in SETTINGS.values():
+        lines.append(f"{s.name} (default {s.default!r}, now {os.environ.get(s.name, '<unset>')})"
+                     f"\n    {s.meaning}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(describe())

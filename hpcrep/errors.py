@@ -1,0 +1,37 @@
+"""The one exception hierarchy of hpcrep.
+
+Every error hpcrep raises derives from :class:`HpcrepError`. Errors that describe a bad argument
+also derive from :class:`ValueError` (or :class:`TypeError`) so that callers who catch the builtin
+exceptions, as Horovod users do, keep working.
+
+A message says what is wrong, what was expected, what was received, and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class HpcrepError(Exception):
+    """Base class of every error raised by hpcrep."""
+
+
+class NotInitializedError(HpcrepError, ValueError):
+    """A function that needs MPI was called before :func:`hpcrep.comm.init`."""
+
+
+class ConfigError(HpcrepError, ValueError):
+    """An ``HPCREP_*`` setting has a value that cannot be used."""
+
+
+class CollectiveArgumentError(HpcrepError, ValueError):
+    """A collective was called with arguments that are invalid on this rank (checked locally)."""
+
+
+class CollectiveMismatchError(HpcrepError, ValueError):
+    """Ranks passed different shapes, dtypes, counts or parameters to the same collective.
+
+    Raised on every rank, with a message naming the tensor and what each rank passed.
+    """
+
+
+class RemoteError(HpcrepError):
+    """Another rank failed; this rank stops so that the job does not hang."""

@@ -1,0 +1,1 @@
+"""Environment detection and launching: which MPI, whether inside Slurm, how to start N ranks."""

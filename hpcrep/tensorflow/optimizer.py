@@ -1,0 +1,132 @@
+"""DistributedOptimizer: any Keras 3 optimizer, with gradients averaged across ranks.
+
+The wrapper is a subclass of the user's optimizer class, created on the fly with the same name and
+module, so ``get_config``/serialisation are the original's and a saved model loads without
+hpcrep. It overrides :meth:`apply`, Keras 3's single funnel where gradients meet variables
+(``apply_gradients``, ``model.fit`` and custom loops all go through it).
+
+With ``backward_passes_per_step=k`` gradients are summed locally for k calls and exchanged once on
+the k-th, which then applies them (the optimizer's iteration counter advances once per k calls).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import keras
+import tensorflow as tf
+
+from hpcrep.comm.ops import ReduceOp
+from hpcrep.errors import CollectiveArgumentError
+from hpcrep.tensorflow.compression import Compression, Compressor
+from hpcrep.tensorflow.gradients import GradientReducer
+
+
+class _DistributedMixin:
+    """Methods placed in front of the user's optimizer class. State lives in ``_hpcrep_*``."""
+
+    _hpcrep_reducer: GradientReducer
+    _hpcrep_passes: int
+    _hpcrep_average_passes: bool
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        """Reduce ``grads`` across ranks, then apply them as the wrapped optimizer would.
+
+        Collective: every rank must call this, in the same order, with matching gradients.
+        """
+        grads = list(grads)
+        variables = None if trainable_variables is None else list(trainable_variables)
+        if variables is not None and not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(variables)
+            self.built = True
+        if self._hpcrep_passes == 1:
+            reduced = self._hpcrep_reducer.reduce(grads, variables or self._trainable_variables)
+            return super().apply(reduced, variables)
+        return self._hpcrep_accumulate_and_apply(grads, variables)
+
+    def _hpcrep_accumulate_and_apply(self, grads: list, variables: Optional[list]) -> Any:
+        accumulators, count = self._hpcrep_accumulators(variables or self._trainable_variables)
+        for acc, g in zip(accumulators, grads):
+            if g is not None:
+                acc.assign_add(tf.convert_to_tensor(g))
+        count.assign_add(1)
+        passes = self._hpcrep_passes
+
+        def exchange_and_apply() -> tf.Tensor:
+            scale = 1.0 / passes if self._hpcrep_average_passes else 1.0
+            summed = [None if g is None else acc * scale for acc, g in zip(accumulators, grads)]
+            reduced = self._hpcrep_reducer.reduce(summed, variables or self._trainable_variables)
+            super(_DistributedMixin, self).apply(reduced, variables)
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc))
+            return tf.constant(True)
+
+        return tf.cond(tf.equal(count % passes, 0), exchange_and_apply,
+                       lambda: tf.constant(False))
+
+    def _hpcrep_accumulators(self, variables: list) -> tuple[list, tf.Variable]:
+        # Plain tf.Variables, not optimizer variables: a saved optimizer stays loadable without
+        # hpcrep. Created once, outside any tf.function trace.
+        if getattr(self, "_hpcrep_acc", None) is None:
+            with tf.init_scope():
+                self._hpcrep_acc = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                                name="hpcrep_accumulator") for v in variables]
+                self._hpcrep_count = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                                 name="hpcrep_pass_count")
+        return self._hpcrep_acc, self._hpcrep_count
+
+
+@functools.lru_cache(maxsize=None)
+def _distributed_class(base: type) -> type:
+    """Return the subclass of ``base`` that reduces gradients: same name, same module."""
+    if issubclass(base, _DistributedMixin):
+        return base
+    return type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__,
+                                                           "__qualname__": base.__qualname__})
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """Return True if ``optimizer`` already reduces its gradients across ranks."""
+    return isinstance(optimizer, _DistributedMixin)
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
+                         use_locking: bool = False, device_dense: str = "",
+                         device_sparse: str = "",
+                         compression: type[Compressor] = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                         op: Any = ReduceOp.Average, gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: Any = None,
+                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+    """Return a copy of ``optimizer`` whose ``apply`` averages gradients across ranks first.
+
+    Arguments follow ``horovod.tensorflow.keras.DistributedOptimizer``; ``device_*``,
+    ``use_locking`` and ``scale_local_gradients`` are accepted and ignored (hpcrep reduces on
+    the host). The copy is built from ``optimizer.get_config()``, so pass a fresh optimizer.
+
+    Raises:
+        CollectiveArgumentError: invalid ``op``, ``backward_passes_per_step`` or factors.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise CollectiveArgumentError(
+            f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer); got "
+            f"{type(optimizer).__name__}. Legacy tf.compat.v1 optimizers are not supported.")
+    if int(backward_passes_per_step) < 1:
+        raise CollectiveArgumentError(
+            f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise NotImplementedError("hpcrep supports only the global process set")
+    cls = _distributed_class(type(optimizer))
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    dist = cls.from_config(config)
+    dist._hpcrep_reducer = GradientReducer(op, compression, sparse_as_dense,
+                                           gradient_predivide_factor, num_groups, groups)
+    dist._hpcrep_passes = int(backward_passes_per_step)
+    dist._hpcrep_average_passes = bool(average_aggregated_gradients)
+    dist._hpcrep_acc = None
+    return dist

@@ -1,0 +1,48 @@
+"""DistributedGradientTape: a GradientTape whose ``gradient`` averages across ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from hpcrep.comm.ops import ReduceOp
+from hpcrep.tensorflow.compression import Compression, Compressor
+from hpcrep.tensorflow.gradients import GradientReducer
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """Shares the recorded tape of the user's ``tf.GradientTape`` and reduces its gradients."""
+
+    def __init__(self, tape: tf.GradientTape, reducer: GradientReducer) -> None:
+        super().__init__(persistent=tape._persistent,
+                         watch_accessed_variables=tape._watch_accessed_variables)
+        self._tape = tape._tape
+        self._watched_variables = tape._watched_variables
+        self._hpcrep_reducer = reducer
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        """Return the gradients of ``target`` with respect to ``sources``, averaged across ranks.
+
+        Collective: every rank must call this, in the same order, with matching sources.
+        """
+        grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
+        flat = tf.nest.flatten(grads, expand_composites=False)
+        reduced = self._hpcrep_reducer.reduce(flat, tf.nest.flatten(sources), name="tape")
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                            device_sparse: str = "",
+                            compression: type[Compressor] = Compression.none,
+                            sparse_as_dense: bool = False, op: Any = ReduceOp.Average,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups: Any = None, process_set: Any = None,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
+    """Wrap a recorded ``tf.GradientTape`` so that ``gradient()`` averages across ranks.
+
+    Use it after the ``with tf.GradientTape() as tape:`` block, as in Horovod.
+    """
+    return _DistributedGradientTape(gradtape, GradientReducer(
+        op, compression, sparse_as_dense, gradient_predivide_factor, num_groups, groups))

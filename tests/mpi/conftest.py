@@ -1,0 +1,65 @@
+"""Run the collective suite on every rank of an MPI job and agree on each test's outcome.
+
+Every rank runs the same tests in the same order. After each test the ranks exchange outcomes
+(on a harness communicator of their own), so a failure on any rank fails the test on all ranks
+and rank 0 reports which ranks failed and why. Only rank 0 prints; it also prints how many ranks
+ran. A test stuck in a collective hits the per-test timeout, whose 'thread' method exits the
+process, and mpirun then takes the job down: a hang fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+import hpcrep.comm as hc
+
+hc.init()
+from mpi4py import MPI  # noqa: E402 - after hpcrep initialised MPI
+
+_HARNESS = MPI.COMM_WORLD.Dup()
+RANK, SIZE = _HARNESS.Get_rank(), _HARNESS.Get_size()
+
+
+def pytest_configure(config):
+    config.option.timeout_method = "thread"
+    if RANK != 0:
+        # Other ranks stay silent; their failures are reported by rank 0.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+
+
+def pytest_report_header(config):
+    return f"hpcrep MPI suite: {SIZE} rank(s), {hc.mpi_library_version()}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call":
+        return
+    mine = (report.outcome, str(report.longrepr) if report.failed else "")
+    everyone = _HARNESS.allgather(mine)
+    failed = [(r, text) for r, (state, text) in enumerate(everyone) if state == "failed"]
+    if failed and not report.failed:
+        report.outcome = "failed"
+    if failed:
+        report.longrepr = "\n".join(f"----- rank {r} of {SIZE} -----\n{text}" for r, text in failed)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    counts = {k: len(v) for k, v in terminalreporter.stats.items() if k in ("passed", "failed",
+                                                                             "skipped", "error")}
+    everyone = _HARNESS.allgather(counts)
+    if RANK == 0:
+        for r, c in enumerate(everyone):
+            summary = ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
+            terminalreporter.write_line(f"hpcrep MPI suite rank {r}/{SIZE}: {summary}")
+
+
+@pytest.fixture
+def world():
+    """The (rank, size) of this process in hpcrep's world."""
+    return hc.rank(), hc.size()

@@ -1,0 +1,82 @@
+"""Mismatched collectives raise a precise error on every rank, quickly, and never hang."""
+
+import time
+
+import numpy as np
+import pytest
+
+import hpcrep.comm as hc
+from hpcrep.errors import CollectiveMismatchError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def multi(world):
+    if world[1] < 2:
+        pytest.skip("a mismatch needs at least 2 ranks (this run has 1)")
+    return world
+
+
+def _raises(fn, *fragments):
+    start = time.monotonic()
+    with pytest.raises(CollectiveMismatchError) as info:
+        fn()
+    elapsed = time.monotonic() - start
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+    assert elapsed < 5, f"error took {elapsed:.1f} s"
+    return str(info.value)
+
+
+def test_shape_mismatch_names_tensor_and_ranks(multi):
+    r, n = multi
+    x = np.ones(3 if r == 0 else 4, np.float32)
+    msg = _raises(lambda: hc.allreduce(x, name="grad_w"), "'grad_w'", "rank 0 passed float32[3]",
+                  "passed float32[4]")
+    assert "ranks 1" in msg or n == 2
+
+
+def test_dtype_mismatch(multi):
+    r, _ = multi
+    x = np.ones(3, np.float32 if r == 0 else np.float64)
+    _raises(lambda: hc.allreduce(x, name="bias"), "'bias'", "float32[3]", "float64[3]")
+
+
+def test_count_mismatch_in_group(multi):
+    r, _ = multi
+    arrays = [np.ones(2)] * (2 if r == 0 else 3)
+    _raises(lambda: hc.grouped_allreduce(arrays, name="g"), "different numbers of tensors",
+            "2 tensor(s)", "3 tensor(s)")
+
+
+def test_op_and_root_mismatch(multi):
+    r, _ = multi
+    _raises(lambda: hc.allreduce(np.ones(2), hc.Sum if r == 0 else hc.Max), "parameters")
+    _raises(lambda: hc.broadcast(np.ones(2), root_rank=0 if r == 0 else 1), "parameters")
+
+
+def test_allgather_trailing_shape_mismatch(multi):
+    r, _ = multi
+    x = np.ones((r + 1, 2 if r == 0 else 3))
+    _raises(lambda: hc.allgather(x, name="feat"), "'feat'", "float64[*, 2]", "float64[*, 3]")
+
+
+def test_mismatch_after_agreed_calls_and_recovery(multi):
+    """A signature seen before on some ranks still cannot hang, and the comm stays usable."""
+    r, n = multi
+    for _ in range(3):
+        hc.allreduce(np.ones(5), hc.Sum)
+    x = np.ones(5 if r == 0 else 6)
+    _raises(lambda: hc.allreduce(x, hc.Sum, name="w"), "'w'")
+    np.testing.assert_array_equal(hc.allreduce(np.ones(5), hc.Sum), np.full(5, n))
+
+
+def test_different_collectives(multi):
+    r, _ = multi
+    x = np.ones(4)
+
+    def call():
+        return hc.allreduce(x) if r == 0 else hc.broadcast(x, 0)
+
+    _raises(call, "different collectives", "allreduce", "broadcast")

@@ -1,0 +1,181 @@
+"""DistributedOptimizer, DistributedGradientTape, callbacks and SyncBatchNormalization train a small
+model on 4 ranks exactly as one process trains it on the combined batch."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hpcrep.tensorflow as hvd
+import hpcrep.tensorflow.keras as hvdk
+
+K, B, FEATURES = 6, 8, 5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _init():
+    hvd.init()
+
+
+def make_model(seed=7, batch_norm=None):
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="tanh")]
+    if batch_norm is not None:
+        layers.append(batch_norm())
+    layers += [keras.layers.Dense(1)]
+    return keras.Sequential(layers)
+
+
+def global_data(n):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(K * n * B, FEATURES)).astype("float32")
+    y = (x @ rng.normal(size=(FEATURES, 1)) + 0.1).astype("float32")
+    return x, y
+
+
+def step_slices(step, n, r):
+    """Rows of step `step`: all n*B of them, and this rank's B."""
+    start = step * n * B
+    return slice(start, start + n * B), slice(start + r * B, start + (r + 1) * B)
+
+
+def train_reference(x, y, n, lr, batch_norm=None, seed=7):
+    model = make_model(seed=seed, batch_norm=batch_norm)
+    opt = keras.optimizers.SGD(lr, momentum=0.9)
+    for step in range(K):
+        whole, _ = step_slices(step, n, 0)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x[whole], training=True) - y[whole]))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return model
+
+
+def assert_same_on_all_ranks(weights):
+    gathered = hvd.allgather_object([np.asarray(w) for w in weights])
+    for other in gathered[1:]:
+        for a, b in zip(gathered[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def assert_matches(model, reference, rtol=2e-5, atol=2e-6):
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_custom_loop_matches_single_process(world, compile_step):
+    r, n = world
+    x, y = global_data(n)
+    model = make_model(seed=100 + r)  # different starting weights on purpose
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9))
+    opt.build(model.trainable_variables)
+    hvd.broadcast_variables(model.variables + opt.variables, root_rank=0)
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    step = tf.function(step) if compile_step else step
+    for k in range(K):
+        _, mine = step_slices(k, n, r)
+        step(x[mine], y[mine])
+    assert_same_on_all_ranks(model.get_weights())
+    # After the broadcast every rank starts from rank 0's weights (seed 100).
+    assert_matches(model, train_reference(x, y, n, 0.05, seed=100))
+
+
+def test_model_fit_matches_single_process(world):
+    r, n = world
+    x, y = global_data(n)
+    mine = np.concatenate([np.arange(*step_slices(k, n, r)[1].indices(len(x))) for k in range(K)])
+    model = make_model()
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), "mse")
+    history = model.fit(x[mine], y[mine], batch_size=B, epochs=1, shuffle=False, verbose=0,
+                        callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
+                                   hvdk.callbacks.MetricAverageCallback()])
+    assert model.optimizer.__class__.__name__ == "SGD"
+    assert_same_on_all_ranks(model.get_weights())
+    assert_matches(model, train_reference(x, y, n, 0.05))
+    losses = hvd.allgather_object(history.history["loss"][0])
+    assert len(set(losses)) == 1, losses  # averaged across ranks
+
+
+def test_distributed_gradient_tape_matches(world):
+    r, n = world
+    x, y = global_data(n)
+    model = make_model()
+    opt = keras.optimizers.SGD(0.05, momentum=0.9)
+    for k in range(K):
+        _, mine = step_slices(k, n, r)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x[mine]) - y[mine]))
+        tape = hvd.DistributedGradientTape(tape)
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    assert_same_on_all_ranks(model.get_weights())
+    assert_matches(model, train_reference(x, y, n, 0.05))
+
+
+def test_backward_passes_per_step(world):
+    """Two half-batches accumulated per step equal one step on the whole batch (averaged)."""
+    r, n = world
+    x, y = global_data(n)
+    model = make_model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                   backward_passes_per_step=2, average_aggregated_gradients=True)
+
+    @tf.function
+    def half_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    for k in range(K):
+        _, mine = step_slices(k, n, r)
+        rows = np.arange(len(x))[mine]
+        half_step(x[rows[: B // 2]], y[rows[: B // 2]])
+        half_step(x[rows[B // 2:]], y[rows[B // 2:]])
+    assert int(opt.iterations) == K
+    assert_same_on_all_ranks(model.get_weights())
+    assert_matches(model, train_reference(x, y, n, 0.05))
+
+
+def test_sync_batch_norm_matches_global_batch(world):
+    r, n = world
+    x, y = global_data(n)
+    model = make_model(batch_norm=hvd.SyncBatchNormalization)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9))
+    for k in range(K):
+        _, mine = step_slices(k, n, r)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x[mine], training=True) - y[mine]))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    assert_same_on_all_ranks(model.get_weights())  # moving statistics included
+    reference = train_reference(x, y, n, 0.05, batch_norm=keras.layers.BatchNormalization)
+    assert_matches(model, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_saved_model_loads_without_hpcrep(world, tmp_path_factory):
+    r, n = world
+    model = make_model()
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3)), "mse")
+    x, y = global_data(n)
+    model.fit(x[:B], y[:B], batch_size=B, verbose=0)
+    path = os.path.join(str(tmp_path_factory.mktemp(f"save{r}")), "m.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert type(loaded.optimizer) is keras.optimizers.Adam
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_learning_rate_warmup_schedule(world):
+    r, n = world
+    cb = hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2,
+                                                   steps_per_epoch=10)
+    assert cb.rate_at(0.0) == pytest.approx(0.4 / n)
+    assert cb.rate_at(2.0) == pytest.approx(0.4)
+    assert cb.rate_at(1.0) == pytest.approx(0.4 / n * ((n - 1) / 2 + 1))
