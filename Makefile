@@ -5,13 +5,13 @@ PYTEST  := $(PY) -m pytest -p no:cacheprovider
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-unit test-mpi bench clean
+.PHONY: install test test-unit test-mpi test-launch test-slurm bench clean
 
 install:
 	@bash tools/install.sh
 
 test: install
-	$(MAKE) --no-print-directory test-unit test-mpi
+	$(MAKE) --no-print-directory test-unit test-mpi test-launch test-slurm
 
 test-unit:
 	$(PYTEST) -q tests/unit
@@ -20,6 +20,14 @@ test-unit:
 test-mpi:
 	$(MPIRUN) -n 4 -- $(PYTEST) -q tests/mpi
 	$(MPIRUN) -n 1 -- $(PYTEST) -q tests/mpi
+
+# Tests that start MPI jobs themselves (runner, failures injected, jobs/ examples).
+test-launch:
+	$(PYTEST) -q tests/launch
+
+# A real one-node Slurm cluster (slurm/testcluster); needs root and apt.
+test-slurm:
+	@echo "test-slurm: not built yet"
 
 bench: install
 	$(PY) -m bench.allreduce --ranks 2,4

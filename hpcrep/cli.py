@@ -1,0 +1,58 @@
+"""The ``hpcrep`` command: one dispatcher, one module per subcommand.
+
+Each subcommand lives in its own module that defines ``configure(parser)`` (add arguments to an
+``argparse`` sub-parser) and ``main(args) -> int``. Modules are imported only when their command
+runs, so ``hpcrep --help`` is fast and a missing optional dependency breaks only its command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+# command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("hpcrep.launch.run_command", "run a script on N ranks (mpirun, or srun inside Slurm)"),
+    "slurm": ("hpcrep.slurm.command", "render or submit a Slurm batch script"),
+    "data": ("hpcrep.data.command", "convert arrays or Fashion-MNIST to sharded HDF5"),
+    "bench": ("bench.command", "run the scaling benchmark for a model"),
+    "report": ("bench.report_command", "re-render a benchmark report from its JSON"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the top-level parser with every subcommand whose module imports."""
+    parser = argparse.ArgumentParser(prog="hpcrep", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        p.set_defaults(_module=module_name)
+        module = _load(module_name)
+        if module is not None:
+            module.configure(p)
+    return parser
+
+
+def _load(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return None  # command not built yet
+        raise
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``hpcrep`` console script."""
+    args = build_parser().parse_args(argv)
+    module = _load(args._module)
+    if module is None:
+        print(f"hpcrep {args.command}: not available in this installation", file=sys.stderr)
+        return 2
+    return int(module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
