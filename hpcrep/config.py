@@ -56,6 +56,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "node (at least 1)."),
     Setting("HPCREP_LOG_LEVEL", str, "warning",
             "Verbosity of hpcrep's own log: debug, info, warning or error."),
+    Setting("HPCREP_CHECKPOINT_DIR", str, "",
+            "Directory of HDF5 checkpoints for transparent mode (CheckpointCallback): resume "
+            "from the newest good checkpoint there and save each epoch. Empty disables."),
+    Setting("HPCREP_CHECKPOINT_KEEP", int, 3,
+            "How many checkpoints CheckpointCallback keeps (at least 1; 2+ allows fallback)."),
 ]}
 
 

@@ -35,3 +35,19 @@ class CollectiveMismatchError(HpcrepError, ValueError):
 
 class RemoteError(HpcrepError):
     """Another rank failed; this rank stops so that the job does not hang."""
+
+
+class CheckpointError(HpcrepError):
+    """A checkpoint cannot be written or restored (bad state, mismatched model, I/O failure)."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A checkpoint file is truncated, unreadable, or fails its checksum."""
+
+
+class SlurmOptionError(HpcrepError, ValueError):
+    """A Slurm job option has an invalid value (checked before anything is submitted)."""
+
+
+class DataError(HpcrepError, ValueError):
+    """An input file or dataset option cannot be used (missing dataset, too few rows, bad shape)."""

@@ -1,0 +1,81 @@
+"""Pre-timeout signals and requeue: turn Slurm's ``--signal=USR1@N`` into "checkpoint now".
+
+A :class:`PreemptionSignal` installs a handler that only sets a flag. Ranks may see the signal at
+different steps, so :meth:`PreemptionSignal.agreed` combines the flags of all ranks (one tiny
+allreduce): when it returns True on one rank it returns True on all, at the same step, and the
+loop saves a checkpoint and stops. :func:`requeue` then asks Slurm to run the job again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Optional
+
+import numpy as np
+
+from hpcrep import comm
+from hpcrep.errors import CheckpointError
+
+
+class PreemptionSignal:
+    """Remember whether ``signum`` (default SIGUSR1) arrived; restore the old handler on close."""
+
+    def __init__(self, signum: int = signal.SIGUSR1) -> None:
+        self.signum = int(signum)
+        self.received = False
+        self._previous = signal.signal(self.signum, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = True
+
+    def agreed(self) -> bool:
+        """Return True on every rank if any rank has received the signal.
+
+        Collective: every rank must call this, in the same order (e.g. once per step).
+        """
+        if not comm.is_initialized() or comm.size() == 1:
+            return self.received
+        flag = comm.allreduce(np.array([float(self.received)]), comm.Max, name="preempt_flag")
+        self.received = bool(flag[0])
+        return self.received
+
+    def close(self) -> None:
+        """Put back the handler that was installed before."""
+        signal.signal(self.signum, self._previous)
+
+    def __enter__(self) -> "PreemptionSignal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def slurm_job_id() -> Optional[str]:
+    """Return this job's Slurm id, or None outside Slurm."""
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def restart_count() -> int:
+    """Return how many times Slurm has requeued this job (0 on the first run or outside Slurm)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
+def requeue(job_id: Optional[str] = None) -> None:
+    """Ask Slurm to requeue job ``job_id`` (default: this job). Local: call it on one rank.
+
+    Slurm then ends the running job and starts it again later, with ``SLURM_RESTART_COUNT``
+    increased; the job must have been submitted with ``--requeue``.
+
+    Raises:
+        CheckpointError: not inside Slurm, or ``scontrol requeue`` failed.
+    """
+    job_id = job_id or slurm_job_id()
+    if not job_id:
+        raise CheckpointError("requeue needs a Slurm job: SLURM_JOB_ID is not set")
+    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode != 0:
+        raise CheckpointError(f"scontrol requeue {job_id} failed ({done.returncode}): "
+                              f"{done.stderr.strip()}")
