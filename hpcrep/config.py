@@ -56,6 +56,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "node (at least 1)."),
     Setting("HPCREP_LOG_LEVEL", str, "warning",
             "Verbosity of hpcrep's own log: debug, info, warning or error."),
+    Setting("HPCREP_TRANSPARENT_SCALE_LR", _parse_bool, False,
+            "Transparent mode: multiply each optimizer's learning rate (or schedule) by the "
+            "number of ranks when it first applies gradients (the global batch grew N-fold)."),
     Setting("HPCREP_CHECKPOINT_DIR", str, "",
             "Directory of HDF5 checkpoints for transparent mode (CheckpointCallback): resume "
             "from the newest good checkpoint there and save each epoch. Empty disables."),

@@ -51,3 +51,7 @@ class SlurmOptionError(HpcrepError, ValueError):
 
 class DataError(HpcrepError, ValueError):
     """An input file or dataset option cannot be used (missing dataset, too few rows, bad shape)."""
+
+
+class TransparentModeError(HpcrepError, ValueError):
+    """Transparent mode cannot run this script's training as written (e.g. too little data)."""

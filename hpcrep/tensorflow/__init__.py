@@ -18,6 +18,7 @@ from hpcrep.tensorflow.compression import Compression
 from hpcrep.tensorflow.optimizer import DistributedOptimizer
 from hpcrep.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hpcrep.tensorflow.tape import DistributedGradientTape
+from hpcrep.tensorflow.transparent import transparent
 from hpcrep.tensorflow.variables import (allgather_object, broadcast_object, broadcast_object_fn,
                                          broadcast_variables)
 

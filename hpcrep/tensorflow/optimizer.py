@@ -124,9 +124,28 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     if name is not None:
         config["name"] = name
     dist = cls.from_config(config)
-    dist._hpcrep_reducer = GradientReducer(op, compression, sparse_as_dense,
-                                           gradient_predivide_factor, num_groups, groups)
-    dist._hpcrep_passes = int(backward_passes_per_step)
-    dist._hpcrep_average_passes = bool(average_aggregated_gradients)
-    dist._hpcrep_acc = None
+    _set_distributed_state(dist, GradientReducer(op, compression, sparse_as_dense,
+                                                 gradient_predivide_factor, num_groups, groups),
+                           int(backward_passes_per_step), bool(average_aggregated_gradients))
     return dist
+
+
+def _set_distributed_state(opt: Any, reducer: GradientReducer, passes: int,
+                           average_passes: bool) -> None:
+    opt._hpcrep_reducer = reducer
+    opt._hpcrep_passes = passes
+    opt._hpcrep_average_passes = average_passes
+    opt._hpcrep_acc = None
+
+
+def distribute_in_place(optimizer: keras.optimizers.Optimizer,
+                        reducer: Optional[GradientReducer] = None) -> type:
+    """Make ``optimizer`` itself average its gradients (transparent mode); return its old class.
+
+    Unlike :func:`DistributedOptimizer` this keeps the object (and its variables): its class is
+    swapped for the distributed subclass. Undo with ``object.__setattr__(opt, "__class__", old)``.
+    """
+    old = type(optimizer)
+    object.__setattr__(optimizer, "__class__", _distributed_class(old))
+    _set_distributed_state(optimizer, reducer or GradientReducer(), 1, False)
+    return old

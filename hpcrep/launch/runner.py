@@ -1,0 +1,95 @@
+"""Run a Python script (or module) on this rank as ``python script.py`` would; abort on failure.
+
+The model is mpi4py's ``mpi4py.run``: an unhandled exception on any rank must not leave the other
+ranks waiting forever in a collective. So the failing rank prints its rank and traceback, then
+calls ``MPI_Abort`` on ``COMM_WORLD``, which takes every rank down with a non-zero exit. A script
+that ends normally, or calls ``sys.exit(0)`` / ``sys.exit()``, returns 0; ``sys.exit(n)`` with
+``n != 0`` aborts every rank with code ``n``.
+
+This module knows nothing of TensorFlow: the caller passes the context (transparent mode) that the
+script runs in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import socket
+import sys
+import traceback
+from typing import Callable, ContextManager, Optional, Sequence
+
+USAGE = "usage: python -m hpcrep script.py [args ...] | -m module [args ...]"
+
+
+def execute(target: Sequence[str]) -> None:
+    """Run ``target`` (``[script, *args]`` or ``["-m", module, *args]``) as ``__main__``.
+
+    Sets ``sys.argv`` and ``sys.path[0]`` as the ``python`` command does. Local.
+
+    Raises:
+        SystemExit: ``target`` is empty or names no script (code 2), or the script exited.
+    """
+    target = list(target)
+    if target[:1] == ["-m"]:
+        if len(target) < 2:
+            raise SystemExit(USAGE)
+        sys.argv = [target[1], *target[2:]]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        return
+    if not target or target[0].startswith("-"):
+        raise SystemExit(USAGE)
+    path = target[0]
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"python -m hpcrep: no script {path!r} (cwd {os.getcwd()})")
+    sys.argv = [path, *target[1:]]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    runpy.run_path(path, run_name="__main__")
+
+
+def _world() -> tuple[int, int]:
+    from mpi4py import MPI  # noqa: PLC0415 - MPI only when a script runs
+
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def abort_job(code: int, message: str) -> None:
+    """Print ``message`` and the current traceback to stderr, then abort every rank. No return."""
+    rank, size = _world()
+    sys.stdout.flush()
+    print(f"hpcrep: rank {rank} of {size} on {socket.gethostname()} {message}; aborting all "
+          f"{size} ranks (MPI_Abort, exit code {code}).", file=sys.stderr)
+    if sys.exc_info()[0] is not None:
+        traceback.print_exc(file=sys.stderr)
+    sys.stderr.flush()
+    from hpcrep.comm.world import abort  # noqa: PLC0415
+
+    abort(code)
+
+
+def main(argv: Optional[Sequence[str]] = None,
+         context: Callable[[], ContextManager] = contextlib.nullcontext) -> int:
+    """Run the script in ``argv`` inside ``context()``; return 0 or abort the job.
+
+    Collective in effect: every rank runs the same script.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
+    try:
+        with context():
+            execute(argv)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None or code == 0:
+            return 0
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        abort_job(code, f"called sys.exit({code})")
+    except BaseException:  # noqa: BLE001 - any failure, KeyboardInterrupt included, aborts
+        abort_job(1, "raised an unhandled exception")
+    return 0

@@ -1,0 +1,215 @@
+"""Split ``fit``/``evaluate``/``predict`` inputs by rank, and put predictions back in order.
+
+Training and evaluation inputs are cut so that every rank runs the same number of steps (a
+collective step count is what keeps the gradient exchanges paired): arrays keep ``len // size``
+rows per rank (rows ``rank, rank + size, ...``; at most ``size - 1`` rows are dropped);
+``tf.data`` datasets keep every ``size``-th element (a batch, for a batched dataset) and
+``cardinality // size`` of them; Python generators and ``PyDataset`` deal items round-robin in
+groups of ``size`` (an incomplete last group is dropped). Every rank still runs the generator in
+full, so it must produce the same sequence on every rank. The batch size stays per rank (weak
+scaling).
+
+Prediction inputs are cut the same way without dropping anything; :func:`gather_predictions`
+reassembles the full result, in the original order, on every rank.
+
+Functions take ``rank`` and ``size`` so they can be tested in one process; only
+:func:`count_min` (for datasets of unknown length) communicates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hpcrep import comm
+from hpcrep.errors import TransparentModeError
+
+Kind = str  # "none" | "arrays" | "dataset" | "pydataset" | "generator"
+
+
+def kind_of(x: Any) -> Kind:
+    """Classify a Keras input: ``none``, ``dataset``, ``pydataset``, ``generator`` or ``arrays``."""
+    if x is None:
+        return "none"
+    if isinstance(x, tf.data.Dataset):
+        return "dataset"
+    if isinstance(x, keras.utils.PyDataset):
+        return "pydataset"
+    if isinstance(x, (types.GeneratorType, Iterator)) and not isinstance(x, (np.ndarray, tf.Tensor)):
+        return "generator"
+    return "arrays"
+
+
+def _rows(structure: Any) -> int:
+    lengths = {int(np.shape(leaf)[0]) for leaf in tf.nest.flatten(structure)}
+    if len(lengths) != 1:
+        raise TransparentModeError(
+            f"input arrays have different numbers of rows {sorted(lengths)}; expected one count "
+            "for x, y and sample_weight. Pass arrays of equal length.")
+    return lengths.pop()
+
+
+def shard_arrays(structures: Sequence[Any], rank: int, size: int, equal: bool) -> list[Any]:
+    """Return rows ``rank::size`` of each structure (``None`` entries stay ``None``).
+
+    With ``equal`` every rank gets ``n // size`` rows (the last ``n % size`` rows are dropped).
+    Local: every rank knows ``n``.
+    """
+    present = [s for s in structures if s is not None]
+    if not present:
+        return list(structures)
+    n = {_rows(s) for s in present}
+    if len(n) != 1:
+        raise TransparentModeError(
+            f"x, y and sample_weight have different numbers of rows {sorted(n)}; expected equal "
+            "counts. Pass arrays of equal length.")
+    total = n.pop()
+    stop = total // size * size if equal else total
+    if equal and stop == 0:
+        raise TransparentModeError(
+            f"{total} rows cannot be shared by {size} ranks (each needs at least one). Run on at "
+            f"most {total} ranks or pass more data.")
+    return [None if s is None else tf.nest.map_structure(lambda a: a[rank:stop:size], s)
+            for s in structures]
+
+
+def count_min(local: int) -> int:
+    """Return the smallest of the ranks' ``local`` counts. Collective."""
+    return int(comm.allreduce(np.array([local], np.int64), comm.Min, name="shard_count")[0])
+
+
+def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
+                  agree: Callable[[int], int] = count_min) -> tf.data.Dataset:
+    """Return every ``size``-th element of ``ds`` from ``rank``, the same count on every rank.
+
+    A dataset of unknown length is counted once (one pass over this rank's shard) and the ranks
+    agree on the smallest count (``agree``, collective). Infinite datasets are left infinite
+    (``steps_per_epoch`` then sets the steps, equal on every rank).
+    """
+    shard = ds.shard(size, rank)
+    if not equal:
+        return shard
+    cardinality = int(ds.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        return shard
+    if cardinality == tf.data.UNKNOWN_CARDINALITY:
+        count = agree(int(shard.reduce(np.int64(0), lambda c, _: c + 1)))
+    else:
+        count = cardinality // size
+    if count == 0:
+        raise TransparentModeError(
+            f"the dataset has {cardinality if cardinality >= 0 else 'too few'} elements for "
+            f"{size} ranks; each rank needs at least one batch. Use a smaller batch size or "
+            "fewer ranks.")
+    return shard.take(count)
+
+
+def shard_generator(gen: Any, rank: int, size: int, equal: bool) -> Iterator:
+    """Yield item ``rank`` of each group of ``size`` items of ``gen`` (round-robin)."""
+    iterator = iter(gen)
+    while True:
+        group = list(itertools.islice(iterator, size))
+        if not group or (equal and len(group) < size):
+            return
+        if rank < len(group):
+            yield group[rank]
+        elif equal:
+            return
+
+
+class ShardedPyDataset(keras.utils.PyDataset):
+    """Batches ``rank, rank + size, ...`` of a ``PyDataset`` (equal counts when ``equal``)."""
+
+    def __init__(self, base: keras.utils.PyDataset, rank: int, size: int, equal: bool) -> None:
+        super().__init__(workers=base.workers, use_multiprocessing=base.use_multiprocessing,
+                         max_queue_size=base.max_queue_size)
+        self.base, self.rank, self.size, self.equal = base, rank, size, equal
+
+    @property
+    def num_batches(self) -> Optional[int]:
+        total = self.base.num_batches
+        if total is None:
+            return None
+        if self.equal:
+            return total // self.size
+        return len(range(self.rank, total, self.size))
+
+    def __len__(self) -> int:
+        return int(self.num_batches or 0)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.base[index * self.size + self.rank]
+
+    def on_epoch_end(self) -> None:
+        self.base.on_epoch_end()
+
+
+def shard_input(x: Any, others: Sequence[Any], rank: int, size: int, equal: bool
+                ) -> tuple[Any, list[Any], Kind]:
+    """Shard ``x`` (and, for arrays, ``others`` such as ``y`` and ``sample_weight``).
+
+    Returns ``(x, others, kind)``. Collective only for datasets of unknown length.
+    """
+    kind = kind_of(x)
+    if size == 1 or kind == "none":
+        return x, list(others), kind
+    if kind == "arrays":
+        out = shard_arrays([x, *others], rank, size, equal)
+        return out[0], out[1:], kind
+    if kind == "dataset":
+        return shard_dataset(x, rank, size, equal), list(others), kind
+    if kind == "pydataset":
+        sharded = ShardedPyDataset(x, rank, size, equal)
+        if equal and not sharded.num_batches and x.num_batches is not None:
+            raise TransparentModeError(
+                f"the PyDataset has {x.num_batches} batches for {size} ranks; each rank needs at "
+                "least one. Use smaller batches or fewer ranks.")
+        return sharded, list(others), kind
+    return shard_generator(x, rank, size, equal), list(others), kind
+
+
+def interleave(parts: Sequence[np.ndarray], pieces: Sequence[Sequence[int]]) -> np.ndarray:
+    """Merge per-rank results back into the original order.
+
+    ``parts[k]`` holds rank k's rows; ``pieces[k]`` the sizes of its consecutive pieces (rows
+    for sharded arrays, batches for datasets). Piece ``j`` of rank ``k`` was global piece
+    ``j * size + k``.
+    """
+    size = len(parts)
+    split = [np.split(p, np.cumsum(s)[:-1]) if len(s) else [] for p, s in zip(parts, pieces)]
+    ordered = []
+    for j in range(max((len(s) for s in split), default=0)):
+        for k in range(size):
+            if j < len(split[k]):
+                ordered.append(split[k][j])
+    if not ordered:
+        return parts[0]
+    return np.concatenate(ordered)
+
+
+def gather_predictions(outputs: Any, pieces: Optional[Sequence[int]]) -> Any:
+    """Return every rank's predictions merged in the original input order, on every rank.
+
+    ``pieces`` are this rank's batch sizes for sharded datasets and generators (see
+    :func:`interleave`), or ``None`` for arrays sharded row by row (rank k held rows k::size).
+
+    Collective: every rank must call this, in the same order, with outputs of the same structure.
+    """
+    all_pieces = None if pieces is None else comm.allgather_object(list(pieces))
+    merged = []
+    for i, leaf in enumerate(tf.nest.flatten(outputs)):
+        gathered, rows = comm.allgatherv(np.ascontiguousarray(leaf), name=f"predict.{i}")
+        parts = np.split(np.array(gathered), np.cumsum(rows)[:-1])
+        if all_pieces is None:
+            out = np.empty_like(np.array(gathered))
+            for k, part in enumerate(parts):
+                out[k::len(parts)] = part
+            merged.append(out)
+        else:
+            merged.append(interleave(parts, all_pieces))
+    return tf.nest.pack_sequence_as(outputs, merged)

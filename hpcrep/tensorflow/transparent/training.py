@@ -1,0 +1,195 @@
+"""``Model.fit``, ``evaluate``, ``predict`` and ``compile`` under transparent mode.
+
+``fit``: inputs (training and validation) sharded with equal step counts
+(:mod:`.sharding`); progress bar only on rank 0; the callback list becomes
+:func:`distributed_callbacks`: rank 0's weights and optimizer state broadcast at the start, epoch
+logs averaged across ranks before any user callback reads them, file-writing callbacks kept on
+rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks. ``predict`` shards and
+returns the full predictions, in input order, on every rank. ``compile`` forces
+``jit_compile=False``: the collectives cannot be compiled by XLA.
+
+Calls that Keras makes from inside a patched call (``fit`` runs ``evaluate`` for validation) pass
+straight through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from typing import Any, Callable, Iterator, Optional
+
+import keras
+import numpy as np
+
+from hpcrep import comm
+from hpcrep.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
+                                               MetricAverageCallback, average_logs)
+from hpcrep.tensorflow.transparent import sharding
+from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
+from hpcrep.tensorflow.variables import broadcast_variables
+
+# Callbacks that write files or summaries: they run on rank 0 only.
+ROOT_ONLY_CALLBACKS: tuple[type, ...] = (keras.callbacks.ModelCheckpoint,
+                                         keras.callbacks.BackupAndRestore,
+                                         keras.callbacks.TensorBoard, keras.callbacks.CSVLogger,
+                                         keras.callbacks.ProgbarLogger)
+
+_local = threading.local()
+
+
+def in_keras_loop() -> bool:
+    """Return True while a patched ``fit``/``evaluate``/``predict`` runs on this thread."""
+    return getattr(_local, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def _loop() -> Iterator[None]:
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+class AgreeOnRestoredState(keras.callbacks.Callback):
+    """After ``BackupAndRestore`` (rank 0 only) restored a backup, give every rank its state."""
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        """Collective: runs on every rank at the start of ``fit``."""
+        model = self.model
+        variables = list(model.variables)
+        if model.optimizer is not None:
+            variables += list(model.optimizer.variables)
+        broadcast_variables(variables, root_rank=0)
+        model._initial_epoch = comm.broadcast_object(getattr(model, "_initial_epoch", None), 0)
+
+
+def distributed_callbacks(callbacks: Any) -> list:
+    """Return the callback list ``fit`` runs on this rank.
+
+    Order matters: the broadcast runs before anything trains, the averaging before any user
+    callback reads the logs. Every rank decides the same list apart from the rank-0-only writers.
+    A new hpcrep callback (for example HPCREP_CHECKPOINT_DIR's checkpointing) is one more entry
+    in the list below.
+    """
+    user = list(callbacks) if isinstance(callbacks, (list, tuple)) else (
+        [] if callbacks is None else [callbacks])
+    restores = any(isinstance(cb, keras.callbacks.BackupAndRestore) for cb in user)
+    kept = user if comm.rank() == 0 else [cb for cb in user
+                                          if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
+    return [BroadcastGlobalVariablesCallback(root_rank=0), MetricAverageCallback(), *kept,
+            *([AgreeOnRestoredState()] if restores else [])]
+
+
+def _bind(original: Callable, self: Any, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    bound.apply_defaults()
+    return bound
+
+
+def _quiet_off_root(arguments: dict) -> None:
+    if comm.rank() != 0:
+        arguments["verbose"] = 0
+
+
+def _shard_validation(data: Any, rank: int, size: int) -> Any:
+    if data is None:
+        return None
+    if isinstance(data, (tuple, list)) and sharding.kind_of(data[0]) == "arrays":
+        parts = list(data)
+        x, rest, _ = sharding.shard_input(parts[0], parts[1:], rank, size, equal=True)
+        return (x, *rest)
+    return sharding.shard_input(data, [], rank, size, equal=True)[0]
+
+
+def _average_result(result: Any) -> Any:
+    """Average ``evaluate``'s return value (a number, a list or a dict). Collective."""
+    if isinstance(result, dict):
+        average_logs(result)
+        return result
+    values = np.atleast_1d(np.asarray(result, dtype=np.float64))
+    averaged = comm.allreduce(values, comm.Average, name="evaluate") if comm.size() > 1 else values
+    return [float(v) for v in averaged] if isinstance(result, (list, tuple)) else float(averaged[0])
+
+
+class _BatchSizes(keras.callbacks.Callback):
+    """Record the number of rows of each predicted batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def on_predict_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        leaf = keras.tree.flatten((logs or {}).get("outputs"))[0]
+        self.sizes.append(int(np.shape(leaf)[0]))
+
+
+def install(patches: PatchSet) -> None:
+    """Patch ``fit``, ``evaluate``, ``predict`` and ``compile`` of ``keras.Model``. Local."""
+    rank, size = comm.rank(), comm.size()
+    fit_owner = defining_class(keras.Model, "fit")
+    original_fit = vars(fit_owner)["fit"]
+    original_evaluate = vars(defining_class(keras.Model, "evaluate"))["evaluate"]
+    original_predict = vars(defining_class(keras.Model, "predict"))["predict"]
+    compile_owner = defining_class(keras.Model, "compile")
+    original_compile = vars(compile_owner)["compile"]
+
+    @functools.wraps(original_fit)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if in_keras_loop():
+            return original_fit(self, *args, **kwargs)
+        bound = _bind(original_fit, self, args, kwargs)
+        a = bound.arguments
+        a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
+            a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True)
+        a["validation_data"] = _shard_validation(a["validation_data"], rank, size)
+        a["callbacks"] = distributed_callbacks(a["callbacks"])
+        _quiet_off_root(a)
+        with _loop():
+            return original_fit(*bound.args, **bound.kwargs)
+
+    @functools.wraps(original_evaluate)
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if in_keras_loop():
+            return original_evaluate(self, *args, **kwargs)
+        bound = _bind(original_evaluate, self, args, kwargs)
+        a = bound.arguments
+        a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
+            a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True)
+        if comm.rank() != 0 and isinstance(a["callbacks"], (list, tuple)):
+            a["callbacks"] = [cb for cb in a["callbacks"] if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
+        _quiet_off_root(a)
+        with _loop():
+            result = original_evaluate(*bound.args, **bound.kwargs)
+        return _average_result(result) if size > 1 else result
+
+    @functools.wraps(original_predict)
+    def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if in_keras_loop() or size == 1:
+            return original_predict(self, *args, **kwargs)
+        bound = _bind(original_predict, self, args, kwargs)
+        a = bound.arguments
+        a["x"], _, kind = sharding.shard_input(a["x"], [], rank, size, equal=False)
+        sizes = _BatchSizes()
+        user = a["callbacks"]
+        user = list(user) if isinstance(user, (list, tuple)) else ([] if user is None else [user])
+        a["callbacks"] = [*user, sizes]
+        _quiet_off_root(a)
+        with _loop():
+            outputs = original_predict(*bound.args, **bound.kwargs)
+        return sharding.gather_predictions(outputs, None if kind == "arrays" else sizes.sizes)
+
+    @functools.wraps(original_compile)
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = _bind(original_compile, self, args, kwargs)
+        bound.arguments["jit_compile"] = False
+        return original_compile(*bound.args, **bound.kwargs)
+
+    patches.attr(fit_owner, "fit", fit)
+    patches.attr(defining_class(keras.Model, "evaluate"), "evaluate", evaluate)
+    patches.attr(defining_class(keras.Model, "predict"), "predict", predict)
+    patches.attr(compile_owner, "compile", compile)
+    patches.label("fit/evaluate/predict (inputs sharded, equal steps)")
+    patches.label("epoch logs (averaged), callbacks writing files (rank 0 only)")
