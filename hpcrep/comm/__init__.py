@@ -5,7 +5,8 @@ all ranks agree on what they pass (a mismatch raises on every rank), and fuses g
 few aligned buffers. See :mod:`hpcrep.comm.collectives` for the semantics of each call.
 """
 
-from hpcrep.comm.collectives import (allgather, allgather_object, allgatherv, allreduce, alltoall,
+from hpcrep.comm.collectives import (allgather, allgather_object, allgatherv, allreduce,
+                                     allreduce_buckets_inplace, alltoall,
                                      barrier, broadcast, broadcast_object, grouped_allgather,
                                      grouped_allgatherv, grouped_allreduce, grouped_broadcast,
                                      reducescatter)
@@ -18,7 +19,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported",
     "mpi_library_version", "comm", "abort",
-    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "allgatherv",
+    "allreduce", "allreduce_buckets_inplace", "grouped_allreduce", "allgather", "grouped_allgather", "allgatherv",
     "grouped_allgatherv", "broadcast",
     "grouped_broadcast", "alltoall", "reducescatter", "broadcast_object", "allgather_object",
     "barrier", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",

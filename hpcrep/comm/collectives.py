@@ -88,6 +88,29 @@ def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
         return out
 
 
+def allreduce_buckets_inplace(buffers: Sequence[np.ndarray], op: Any,
+                              signature: check.Signature, scale: float = 1.0) -> list[np.ndarray]:
+    """Reduce caller-owned fusion buffers in place, then multiply them by ``scale``.
+
+    For callers that packed the buffers themselves (:mod:`hpcrep.tensorflow` builds them with
+    ``tf.concat``) and computed the agreement ``signature`` of the original tensors. The buffers
+    are overwritten and returned. Average must be expressed as Sum with ``scale = 1/size``.
+
+    Collective: every rank must call this, in the same order, with matching buffers.
+    """
+    op = as_reduce_op(op)
+    with _lock:
+        comm = world.comm()
+        if config.get("HPCREP_CHECK_COLLECTIVES"):
+            check.agree(comm, signature)
+        for buf in buffers:
+            if comm.Get_size() > 1:
+                comm.Allreduce(*mpi_reduce_args(buf, op))
+            if scale != 1.0:
+                np.multiply(buf, scale, out=buf, casting="unsafe")
+        return list(buffers)
+
+
 def allreduce(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None) -> np.ndarray:
     """Reduce ``array`` elementwise across ranks (see :func:`grouped_allreduce`).

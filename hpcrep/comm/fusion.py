@@ -43,6 +43,11 @@ class Bucket:
     slots: tuple[Slot, ...]
 
 
+def padded_count(count: int, itemsize: int) -> int:
+    """Return ``count`` rounded up so that ``count * itemsize`` is a multiple of ALIGN bytes."""
+    return _aligned_count(count, itemsize)
+
+
 def _aligned_count(count: int, itemsize: int) -> int:
     per = max(1, ALIGN // itemsize)
     return -(-count // per) * per
@@ -130,6 +135,13 @@ def pack(bucket: Bucket, arrays: Sequence[np.ndarray], scale: float = 1.0,
             else:
                 np.multiply(src, scale, out=dst, casting="unsafe")
     return buf
+
+
+def copy_to_pool(array: np.ndarray) -> np.ndarray:
+    """Return a pooled, aligned, writable copy of ``array`` (same shape and dtype)."""
+    buf = POOL.take(array.dtype, array.size)
+    np.copyto(buf, array.reshape(-1), casting="no")
+    return buf.reshape(array.shape)
 
 
 def unpack(bucket: Bucket, buf: np.ndarray, shapes: Sequence[tuple[int, ...]],

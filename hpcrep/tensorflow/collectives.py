@@ -20,6 +20,7 @@ import tensorflow as tf
 from hpcrep import comm
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
+from hpcrep.tensorflow import fused
 from hpcrep.tensorflow.bridge import host_call
 from hpcrep.tensorflow.compression import Compression, Compressor
 
@@ -35,6 +36,9 @@ def _resolve_op(average: Optional[bool], op: Any) -> ReduceOp:
 
 def _host_grouped_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
                             name: Optional[str]) -> list[tf.Tensor]:
+    if fused.can_fuse(tensors):
+        return fused.fused_allreduce(tensors, op, pre, post, name)
+
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         return comm.grouped_allreduce(arrays, op, pre, post, name)
 

@@ -139,3 +139,31 @@ def test_xla_compiled_collective_is_a_clear_error(world):
 
     with pytest.raises(HpcrepError, match="jit_compile=False"):
         f(tf.ones(2))
+
+
+@pytest.mark.parametrize("threshold", ["0", "256", "64MiB"])
+def test_fused_path_odd_sizes_and_inputs_untouched(world, monkeypatch, threshold):
+    """Many float tensors (aligned and odd element counts) through the TF-side fusion."""
+    monkeypatch.setenv("HPCREP_FUSION_THRESHOLD", threshold)
+    r, n = world
+    shapes = [[16], [3, 5], [1], [64, 4], [7], [2, 2, 2]]
+    variables = [tf.Variable(tf.fill(s, float(r + i)), dtype=tf.float32)
+                 for i, s in enumerate(shapes)]
+    half = tf.Variable(tf.fill([33], tf.constant(float(r), tf.float64)))
+
+    @tf.function
+    def reduce_all():
+        return hvd.grouped_allreduce([v.read_value() for v in variables] + [half.read_value()],
+                                     op=hvd.Sum)
+
+    out = reduce_all()
+    for i, (s, o) in enumerate(zip(shapes, out)):
+        assert o.shape.as_list() == s
+        np.testing.assert_array_equal(o, np.full(s, sum(k + i for k in range(n))))
+        np.testing.assert_array_equal(variables[i], np.full(s, r + i))  # not reduced in place
+    np.testing.assert_array_equal(out[-1], np.full(33, n * (n - 1) / 2))
+    np.testing.assert_array_equal(half, np.full(33, r))
+    single = tf.Variable(tf.fill([16], 1.0))  # one aligned tensor: the host must copy it
+    np.testing.assert_array_equal(tf.function(lambda: hvd.allreduce(single.read_value(),
+                                                                    op=hvd.Sum))(), np.full(16, n))
+    np.testing.assert_array_equal(single, np.ones(16))
