@@ -22,6 +22,24 @@ from tensorflow.python.ops import control_flow_util
 from hpcrep.errors import HpcrepError
 
 
+def _exclude_hpcrep_from_autograph() -> None:
+    """Tell autograph not to convert hpcrep's own functions when a user's tf.function calls them.
+
+    hpcrep's TensorFlow code is written graph-ready (explicit tf.cond, no Python control flow on
+    tensors); converting it only costs trace time and makes autograph warn about mpi4py's
+    compiled methods. Uses autograph's module rules, the mechanism it applies to TensorFlow itself.
+    """
+    try:
+        from tensorflow.python.autograph.core import config as autograph_config
+    except ImportError:  # layout changed in a future TensorFlow: conversion still works, just noisier
+        return
+    autograph_config.CONVERSION_RULES = ((autograph_config.DoNotConvert("hpcrep"),)
+                                         + tuple(autograph_config.CONVERSION_RULES))
+
+
+_exclude_hpcrep_from_autograph()  # once, when bridge is first imported
+
+
 def in_xla_context() -> bool:
     """Return True while tracing a function that XLA will compile (``jit_compile=True``)."""
     if tf.executing_eagerly():
