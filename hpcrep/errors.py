@@ -53,5 +53,15 @@ class DataError(HpcrepError, ValueError):
     """An input file or dataset option cannot be used (missing dataset, too few rows, bad shape)."""
 
 
+class ReplicaContextError(HpcrepError, RuntimeError):
+    """A replica-context primitive (all_reduce, all_gather, broadcast, cross-replica batch norm
+    in training) was used outside a step function run by :meth:`hpcrep.replicator.Replicator.run`.
+    """
+
+
+class ReplicatorError(HpcrepError, ValueError):
+    """A :class:`hpcrep.replicator.Replicator` was configured or used in a way it cannot honour."""
+
+
 class TransparentModeError(HpcrepError, ValueError):
     """Transparent mode cannot run this script's training as written (e.g. too little data)."""

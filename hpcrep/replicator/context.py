@@ -1,0 +1,206 @@
+"""Input and replica contexts: what ``input_fn`` and ``step_fn`` know about their replica.
+
+A replica is an abstraction over ranks: today each rank runs one replica, so replica ``i`` of a
+sync group is the group's rank ``i``; the mapping lives only in :meth:`ReplicaContext._rank_of`
+so that several replicas per rank can be added without changing user code.
+
+The active replica context is a per-thread stack that :meth:`Replicator.run` pushes around each
+call of ``step_fn`` (eagerly, or while ``tf.function`` traces it). Using a primitive with no
+active context, or through a context object kept after its step ended, raises
+:class:`~hpcrep.errors.ReplicaContextError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Iterator, Optional
+
+import tensorflow as tf
+
+from hpcrep.comm.ops import ReduceOp, as_reduce_op
+from hpcrep.errors import ReplicaContextError, ReplicatorError
+from hpcrep.tensorflow import collectives
+
+_OPS = {"sum": ReduceOp.Sum, "mean": ReduceOp.Average, "average": ReduceOp.Average,
+        "min": ReduceOp.Min, "max": ReduceOp.Max}
+
+
+def as_op(op: Any) -> ReduceOp:
+    """Return the :class:`ReduceOp` for ``"sum"``, ``"mean"``, ``"min"``, ``"max"``, a
+    ``ReduceOp`` or a ``tf.distribute.ReduceOp`` (SUM, MEAN).
+
+    Raises:
+        ReplicatorError: anything else (Product and Adasum are not replica reductions).
+    """
+    key = getattr(op, "value", op)
+    if isinstance(key, str) and key.lower() in _OPS:
+        return _OPS[key.lower()]
+    try:
+        resolved = as_reduce_op(op)
+    except (ValueError, TypeError, KeyError):
+        resolved = None
+    if resolved not in _OPS.values():
+        raise ReplicatorError(
+            f"unsupported reduction {op!r}: expected 'sum', 'mean', 'min' or 'max' (or the "
+            "matching ReduceOp / tf.distribute.ReduceOp)")
+    return resolved
+
+
+@dataclasses.dataclass(frozen=True)
+class InputContext:
+    """What ``input_fn(ctx)`` knows: which replica's input it builds, among how many.
+
+    Attributes:
+        replica_id: this replica's index among all replicas of the job (every sync group).
+        num_replicas: replicas in the job; shard the data ``num_replicas`` ways.
+        group_id: this replica's sync group (0 in the synchronous regime).
+        num_groups: number of sync groups (1 in the synchronous regime).
+    """
+
+    replica_id: int
+    num_replicas: int
+    group_id: int = 0
+    num_groups: int = 1
+
+    def shard(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """Return this replica's share of ``dataset`` (every ``num_replicas``-th element)."""
+        return dataset.shard(self.num_replicas, self.replica_id)
+
+
+class ReplicaContext:
+    """Cross-replica primitives available inside ``step_fn``.
+
+    ``replica_id`` and ``num_replicas`` count the replicas that step together: all replicas in
+    the synchronous regime, the replicas of this sync group in the asynchronous one. Every
+    primitive is collective over those replicas: each must call it, in the same order.
+    """
+
+    def __init__(self, replica_id: int, num_replicas: int, group_id: int = 0,
+                 num_groups: int = 1) -> None:
+        self._replica_id = int(replica_id)
+        self._num_replicas = int(num_replicas)
+        self.group_id = int(group_id)
+        self.num_groups = int(num_groups)
+
+    @property
+    def replica_id(self) -> int:
+        """Index of this replica among the replicas that step together."""
+        self._check_active("replica_id")
+        return self._replica_id
+
+    @property
+    def num_replicas(self) -> int:
+        """Number of replicas that step together (and that the primitives span)."""
+        self._check_active("num_replicas")
+        return self._num_replicas
+
+    def all_reduce(self, op: Any, value: Any) -> Any:
+        """Reduce ``value`` (a tensor or a nest of tensors) over the replicas: every replica gets
+        the result. ``op`` is ``"sum"``, ``"mean"``, ``"min"`` or ``"max"``. A nest travels in
+        one fused exchange. Differentiable.
+
+        Collective: every replica must call this, in the same order, with matching values.
+        """
+        self._check_active("all_reduce")
+        reduce_op = as_op(op)
+        flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(value)]
+        reduced = collectives.grouped_allreduce(flat, op=reduce_op, name="replica.all_reduce")
+        return tf.nest.pack_sequence_as(value, reduced)
+
+    def all_gather(self, value: Any, axis: int = 0) -> tf.Tensor:
+        """Concatenate every replica's ``value`` along ``axis``, in replica order.
+
+        Sizes along ``axis`` may differ between replicas; the other dimensions must agree.
+        Differentiable.
+
+        Collective: every replica must call this, in the same order.
+        """
+        self._check_active("all_gather")
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank == 0:
+            raise ReplicatorError(
+                "all_gather needs a tensor with at least one dimension, got a scalar; gather "
+                "tf.reshape(value, [1]) instead")
+        rank = value.shape.rank
+        axis = axis + rank if axis < 0 else axis
+        if axis == 0:
+            return collectives.allgather(value, name="replica.all_gather")
+        perm = [axis] + [d for d in range(rank) if d != axis]
+        inverse = [perm.index(d) for d in range(rank)]
+        gathered = collectives.allgather(tf.transpose(value, perm), name="replica.all_gather")
+        return tf.transpose(gathered, inverse)
+
+    def broadcast(self, value: Any, source_replica: int = 0) -> Any:
+        """Return replica ``source_replica``'s ``value`` (tensor or nest) on every replica.
+
+        Collective: every replica must call this, in the same order, with matching values.
+        """
+        self._check_active("broadcast")
+        if not 0 <= int(source_replica) < self._num_replicas:
+            raise ReplicatorError(
+                f"broadcast from replica {source_replica}, but replicas are numbered "
+                f"0..{self._num_replicas - 1}")
+        root = self._rank_of(int(source_replica))
+        flat = [collectives.broadcast(tf.convert_to_tensor(v), root, name="replica.broadcast")
+                for v in tf.nest.flatten(value)]
+        return tf.nest.pack_sequence_as(value, flat)
+
+    def _rank_of(self, replica_id: int) -> int:
+        """Rank (in the current hpcrep world) that runs ``replica_id``: one replica per rank."""
+        return replica_id
+
+    def _check_active(self, what: str) -> None:
+        stack = _stack()
+        if not stack or stack[-1] is not self:
+            raise ReplicaContextError(
+                f"ReplicaContext.{what} was used outside a step function: replica primitives are "
+                "available only while Replicator.run(step_fn, ...) runs step_fn (eagerly or "
+                "while tf.function traces it). Move the call into step_fn, or reduce results "
+                "outside with Replicator.reduce(op, value).")
+
+
+_local = threading.local()
+
+
+def _stack() -> list:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+@contextlib.contextmanager
+def active(ctx: ReplicaContext) -> Iterator[ReplicaContext]:
+    """Make ``ctx`` the active replica context for the duration of the block. Local."""
+    _stack().append(ctx)
+    try:
+        yield ctx
+    finally:
+        _stack().pop()
+
+
+def get_replica_context() -> ReplicaContext:
+    """Return the replica context of the running ``step_fn``.
+
+    Raises:
+        ReplicaContextError: called outside a step function run by :meth:`Replicator.run`.
+    """
+    stack = _stack()
+    if not stack:
+        raise ReplicaContextError(
+            "get_replica_context() was called outside a step function: there is a replica "
+            "context only while Replicator.run(step_fn, ...) runs step_fn. Call it inside "
+            "step_fn, or use Replicator.reduce(op, value) outside.")
+    return stack[-1]
+
+
+def in_replica_context() -> bool:
+    """Return True while a ``step_fn`` run by :meth:`Replicator.run` is running."""
+    return bool(_stack())
+
+
+def current_or_none() -> Optional[ReplicaContext]:
+    """Return the active replica context, or None."""
+    stack = _stack()
+    return stack[-1] if stack else None

@@ -1,0 +1,303 @@
+"""The Replicator: write ``input_fn`` and ``step_fn`` for one replica, run them on every replica.
+
+TF-Replicator's programming model (Buchlovsky et al. 2019) over MPI ranks::
+
+    rep = Replicator()                                  # or Replicator(SyncGroups(2))
+    with rep.scope():                                   # variables start equal everywhere
+        model = make_model()
+        opt = rep.wrap_optimizer(keras.optimizers.SGD(0.1))
+
+    def input_fn(ctx):                                  # ctx.replica_id, ctx.num_replicas
+        return ctx.shard(dataset).batch(32).repeat()
+
+    def step_fn(batch):                                 # one replica's step
+        ctx = get_replica_context()                     # all_reduce, all_gather, broadcast
+        ...
+        return loss
+
+    loss = rep.reduce("mean", rep.run(step_fn, input_fn))
+
+``run`` returns a :class:`PerReplica` (one value per replica this rank runs; today exactly one);
+``reduce`` combines it over the replicas. Both work eagerly and inside ``tf.function``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+import keras
+import tensorflow as tf
+
+from hpcrep import comm
+from hpcrep.errors import ReplicatorError
+from hpcrep.replicator import context as ctx_mod
+from hpcrep.replicator.context import InputContext, ReplicaContext, as_op
+from hpcrep.replicator.regimes import GroupRuntime, SyncGroups, as_regime
+from hpcrep.tensorflow import basics, collectives
+from hpcrep.tensorflow.optimizer import DistributedOptimizer, is_distributed
+from hpcrep.tensorflow.variables import broadcast_variables
+
+
+class PerReplica(NamedTuple):
+    """The values of one result on each replica this rank runs, in local replica order.
+
+    A named tuple, so ``tf.function`` can return it and ``tf.nest`` walks into it.
+    """
+
+    values: tuple
+
+
+class Replicator:
+    """Replicates a single-replica ``step_fn`` over every rank, one replica per rank.
+
+    Args:
+        regime: ``"sync"`` (default), ``"async"`` (two sync groups), or a
+            :class:`~hpcrep.replicator.Synchronous` / :class:`~hpcrep.replicator.SyncGroups`.
+
+    Creating and closing a Replicator is collective: every rank must do it, in the same order.
+    Initialises hpcrep if needed. In the asynchronous regime hpcrep's world is this rank's
+    group until :meth:`close` (see :mod:`hpcrep.replicator.regimes`).
+    """
+
+    def __init__(self, regime: Any = "sync") -> None:
+        basics.init()
+        self.regime = as_regime(regime)
+        self._world_rank, self._world_size = comm.rank(), comm.size()
+        self._group: Optional[GroupRuntime] = None
+        if isinstance(self.regime, SyncGroups):
+            self._group = GroupRuntime(self.regime)
+        self._iterators: dict[tuple[int, int], tuple[Iterator, Callable]] = {}
+        self._closed = False
+
+    # -- replicas ------------------------------------------------------------------------------
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas in the whole job (every sync group)."""
+        return self._world_size
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Replicas that step together: all of them, or this rank's sync group."""
+        return self._group.layout.group_size if self._group else self._world_size
+
+    @property
+    def local_replica_ids(self) -> tuple[int, ...]:
+        """Job-wide ids of the replicas this rank runs (today: one, equal to the rank)."""
+        return (self._world_rank,)
+
+    @property
+    def group_id(self) -> int:
+        """This rank's sync group (0 in the synchronous regime)."""
+        return self._group.layout.group_id if self._group else 0
+
+    @property
+    def num_groups(self) -> int:
+        """Number of sync groups (1 in the synchronous regime)."""
+        return self._group.layout.num_groups if self._group else 1
+
+    def _replica_context(self, local_index: int) -> ReplicaContext:
+        if self._group:
+            lay = self._group.layout
+            return ReplicaContext(lay.group_rank, lay.group_size, lay.group_id, lay.num_groups)
+        return ReplicaContext(self.local_replica_ids[local_index], self._world_size)
+
+    def _input_context(self, local_index: int) -> InputContext:
+        return InputContext(self.local_replica_ids[local_index], self._world_size, self.group_id,
+                            self.num_groups)
+
+    # -- variables -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator["Replicator"]:
+        """Variables created in this block start with replica 0's values on every replica.
+
+        Records every variable created inside (``tf.variable_creator_scope``) and broadcasts
+        them from replica 0 on exit, over the whole job. In the asynchronous regime the trainable
+        ones become the parameters the groups exchange.
+
+        Collective: every rank must enter and leave the block, in the same order.
+        """
+        self._check_open()
+        created: list[tf.Variable] = []
+
+        def record(next_creator: Callable, **kwargs: Any) -> tf.Variable:
+            variable = next_creator(**kwargs)
+            created.append(variable)
+            return variable
+
+        with tf.variable_creator_scope(record):
+            yield self
+        if self._group:
+            with self._group.in_parent_world():
+                broadcast_variables(created, root_rank=0)
+            if any(v.trainable and v.dtype.is_floating for v in created):
+                self._group.attach(created)
+        else:
+            broadcast_variables(created, root_rank=0)
+
+    def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer, **kwargs: Any
+                       ) -> keras.optimizers.Optimizer:
+        """Return ``optimizer`` averaging gradients over the replicas that step together.
+
+        ``kwargs`` go to :func:`hpcrep.tensorflow.DistributedOptimizer` (compression, op, ...).
+        An optimizer that already reduces its gradients is returned unchanged.
+        """
+        if is_distributed(optimizer):
+            return optimizer
+        return DistributedOptimizer(optimizer, **kwargs)
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def distribute_dataset(self, input_fn: Callable[[InputContext], Any]) -> Iterator[PerReplica]:
+        """Return an iterator of :class:`PerReplica` elements of ``input_fn(ctx)``'s datasets.
+
+        Each call builds fresh datasets (``run(step_fn, input_fn)`` keeps its own). Pass the
+        elements to ``run(step_fn, args=(element,))``. Local.
+        """
+        iterators = [self._new_iterator(input_fn, i) for i in range(len(self.local_replica_ids))]
+
+        class _Distributed:
+            def __iter__(self) -> "_Distributed":
+                return self
+
+            def __next__(self) -> PerReplica:
+                return PerReplica(tuple(next(it) for it in iterators))
+
+        return _Distributed()
+
+    def _new_iterator(self, input_fn: Callable[[InputContext], Any], local_index: int
+                      ) -> Iterator:
+        with tf.init_scope():  # created eagerly even while a tf.function traces run()
+            return iter(input_fn(self._input_context(local_index)))
+
+    def _iterator(self, input_fn: Callable[[InputContext], Any], local_index: int) -> Iterator:
+        key = (id(input_fn), local_index)
+        if key not in self._iterators:
+            # Keep input_fn alive with its iterator, so that its id is not reused.
+            self._iterators[key] = (self._new_iterator(input_fn, local_index), input_fn)
+        return self._iterators[key][0]
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self, step_fn: Callable[..., Any], input_fn: Optional[Callable] = None,
+            args: tuple = (), kwargs: Optional[dict] = None) -> PerReplica:
+        """Run ``step_fn`` once on every replica; return its results as a :class:`PerReplica`.
+
+        With ``input_fn``, the next element of this replica's dataset (``input_fn(ctx)``, built
+        once and cached) is passed as the first argument. :class:`PerReplica` values in ``args``
+        and ``kwargs`` are unwrapped to each replica's own value. Inside ``step_fn``,
+        :func:`~hpcrep.replicator.get_replica_context` gives the replica's primitives. In the
+        asynchronous regime the group may then exchange parameters with the store.
+
+        Collective: every replica that steps together must call this, in the same order.
+        """
+        self._check_open()
+        kwargs = dict(kwargs or {})
+        results = []
+        for i in range(len(self.local_replica_ids)):
+            call_args = tuple(_select(a, i) for a in args)
+            call_kwargs = {k: _select(v, i) for k, v in kwargs.items()}
+            if input_fn is not None:
+                call_args = (next(self._iterator(input_fn, i)),) + call_args
+            with ctx_mod.active(self._replica_context(i)):
+                results.append(step_fn(*call_args, **call_kwargs))
+        if self._group:
+            deps = [t for t in tf.nest.flatten(results) if isinstance(t, (tf.Tensor,
+                                                                          tf.Variable))]
+            with tf.control_dependencies(deps):
+                self._group.after_step()
+        return PerReplica(tuple(results))
+
+    def reduce(self, op: Any, value: Any, axis: Optional[int] = None) -> Any:
+        """Combine a per-replica ``value`` (nest allowed) over the replicas that step together.
+
+        Args:
+            op: ``"sum"``, ``"mean"``, ``"min"`` or ``"max"``.
+            value: a :class:`PerReplica` (or a plain value: this rank's replica's value).
+            axis: also reduce along this axis of each value; ``"mean"`` then averages over every
+                element of every replica (replicas with more rows weigh more).
+
+        Collective: every replica that steps together must call this, in the same order.
+        """
+        self._check_open()
+        reduce_op = as_op(op)
+        per = value.values if isinstance(value, PerReplica) else (value,)
+        structure = per[0]
+        flat = [[tf.convert_to_tensor(t) for t in tf.nest.flatten(v)] for v in per]
+        outputs = []
+        for j in range(len(flat[0])):
+            local = tf.stack([f[j] for f in flat])  # [local replicas, ...]
+            outputs.append(self._reduce_one(reduce_op, local, axis))
+        return tf.nest.pack_sequence_as(structure, outputs)
+
+    def _reduce_one(self, op: Any, local: tf.Tensor, axis: Optional[int]) -> tf.Tensor:
+        from hpcrep.comm.ops import ReduceOp  # noqa: PLC0415
+
+        axes = [0] if axis is None else [0, (axis % (local.shape.rank - 1)) + 1]
+        if op is ReduceOp.Average:
+            count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(local), axes)), local.dtype)
+            total, count = collectives.grouped_allreduce(
+                [tf.reduce_sum(local, axes), count], op=ReduceOp.Sum, name="replicator.reduce")
+            return total / count
+        combine = {ReduceOp.Sum: tf.reduce_sum, ReduceOp.Min: tf.reduce_min,
+                   ReduceOp.Max: tf.reduce_max}[op]
+        return collectives.allreduce(combine(local, axes), op=op, name="replicator.reduce")
+
+    def local_results(self, value: Any) -> tuple:
+        """Return the values of a :class:`PerReplica` for the replicas this rank runs. Local."""
+        return value.values if isinstance(value, PerReplica) else (value,)
+
+    # -- asynchronous regime -------------------------------------------------------------------
+
+    def join(self) -> Any:
+        """Asynchronous regime: push every group's last update and adopt the store's parameters.
+
+        Afterwards every replica of the job holds the same trainable variables. Returns each
+        group's step count (numpy int64 array). In the synchronous regime it does nothing and
+        returns an empty array.
+
+        Collective: every rank of the job must call this (the one point where groups wait).
+        """
+        self._check_open()
+        import numpy as np  # noqa: PLC0415
+
+        return self._group.join() if self._group else np.zeros(0, np.int64)
+
+    def group_stats(self) -> dict:
+        """Asynchronous regime: steps of every group at this group's last exchange, the largest
+        step difference between groups seen at any exchange, and this rank's exchange count.
+        Local.
+        """
+        if not self._group:
+            return {"group_steps": [], "max_divergence": 0, "exchanges": 0}
+        g = self._group
+        return {"group_id": g.layout.group_id, "group_steps": g.group_steps.tolist(),
+                "max_divergence": g.max_divergence, "exchanges": g.exchanges}
+
+    def close(self) -> None:
+        """Release the regime's resources (the asynchronous regime's store and group world).
+
+        Collective: every rank must call this. A closed Replicator cannot run again.
+        """
+        if self._closed:
+            return
+        if self._group:
+            self._group.close()
+        self._iterators.clear()
+        self._closed = True
+
+    def __enter__(self) -> "Replicator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ReplicatorError("this Replicator is closed; create a new one to run again")
+
+
+def _select(value: Any, index: int) -> Any:
+    return value.values[index] if isinstance(value, PerReplica) else value
