@@ -25,15 +25,27 @@ log = logging.getLogger("hpcrep.checkpoint")
 
 
 def tf_rng_state() -> dict[str, np.ndarray]:
-    """Return the state of TensorFlow's global ``tf.random.Generator`` as arrays."""
-    gen = tf.random.get_global_generator()
+    """Return the state of TensorFlow's global ``tf.random.Generator`` as arrays.
+
+    Empty when op determinism is on and no global generator was set (then none is in use).
+    """
+    try:
+        gen = tf.random.get_global_generator()
+    except RuntimeError:
+        return {}
     return {"tf_global_state": gen.state.numpy(), "tf_global_algorithm": np.array(gen.algorithm)}
 
 
 def set_tf_rng_state(state: dict[str, np.ndarray]) -> None:
     """Restore what :func:`tf_rng_state` returned."""
     if "tf_global_state" in state:
-        tf.random.get_global_generator().state.assign(state["tf_global_state"])
+        try:
+            gen = tf.random.get_global_generator()
+        except RuntimeError:  # determinism on and no generator set: create the saved one
+            gen = tf.random.Generator.from_state(state["tf_global_state"],
+                                                 int(state["tf_global_algorithm"]))
+            tf.random.set_global_generator(gen)
+        gen.state.assign(state["tf_global_state"])
 
 
 def _optimizer_variables(model: Any, optimizer: Any) -> list:

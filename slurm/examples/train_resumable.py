@@ -1,0 +1,106 @@
+"""A resumable data-parallel training run: the job that the kill and Slurm requeue tests run.
+
+Trains a small dense regressor with ``hvd.DistributedOptimizer`` for ``--steps`` steps, saving an
+HDF5 checkpoint every ``--save-every`` steps and whenever a pre-timeout signal (SIGUSR1) arrives
+on any rank. Started again with the same command it resumes from the newest good checkpoint:
+weights, optimizer slots, RNG state and the input position (the step; batch ``s`` of rank ``r``
+is a pure function of ``(s, r)``). Ops are made deterministic, so an interrupted and resumed run
+ends bitwise equal to an uninterrupted one.
+
+    python -m hpcrep.launch.mpirun -n 4 -- python slurm/examples/train_resumable.py \
+        --dir /tmp/run1 --steps 60 --out /tmp/run1/final.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", required=True, help="checkpoint directory")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
+    parser.add_argument("--out", help="rank 0 writes the final weights here (.npz)")
+    parser.add_argument("--progress", help="rank r writes '<pid> <step>' to PROGRESS.r each step")
+    parser.add_argument("--requeue", action="store_true",
+                        help="on the signal: checkpoint, then scontrol requeue this Slurm job")
+    args = parser.parse_args(argv)
+
+    import keras
+    import tensorflow as tf
+
+    import hpcrep.tensorflow as hvd
+    from hpcrep.checkpoint import CheckpointManager, PreemptionSignal, requeue, restart_count
+    from hpcrep.tensorflow.checkpoint_callback import load_training_state, training_state
+
+    hvd.init()
+    tf.config.experimental.enable_op_determinism()
+    rank, size = hvd.rank(), hvd.size()
+    signal_watch = PreemptionSignal()  # install early: the signal may come during start-up
+    keras.utils.set_random_seed(1234)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
+                              keras.layers.Dense(1)])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9))
+    opt.build(model.trainable_variables)
+    hvd.broadcast_variables(model.variables + opt.variables, root_rank=0)
+    w_true = np.linspace(-1, 1, 8).astype("float32")[:, None]
+
+    manager = CheckpointManager(args.dir, keep=3)
+    ckpt = manager.restore()
+    start = 0
+    if ckpt is not None:
+        load_training_state(ckpt, model, opt)
+        start = int(ckpt.group("input")["next_step"])
+    print(f"rank {rank}/{size}: restart_count={restart_count()} start_step={start}"
+          + (f" resumed_from={os.path.basename(ckpt.path)}" if ckpt else ""), flush=True)
+
+    def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([step, rank])
+        x = rng.normal(size=(args.batch, 8)).astype("float32")
+        return x, x @ w_true + 0.01 * rng.normal(size=(args.batch, 1)).astype("float32")
+
+    def save(next_step: int, **meta: int) -> None:
+        manager.save({**training_state(model, opt), "input": {"next_step": next_step}},
+                     step=next_step, **meta)
+
+    loss = float("nan")
+    for step in range(start, args.steps):
+        x, y = batch(step)
+        with tf.GradientTape() as tape:
+            loss_t = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        opt.apply(tape.gradient(loss_t, model.trainable_variables), model.trainable_variables)
+        loss = float(loss_t)
+        if args.progress:
+            with open(f"{args.progress}.{rank}", "w") as f:
+                f.write(f"{os.getpid()} {step + 1}\n")
+        if signal_watch.agreed():
+            save(step + 1, preempted=1)
+            print(f"rank {rank}: signal received; checkpoint at step {step + 1}", flush=True)
+            if args.requeue and rank == 0:
+                requeue()
+                print("rank 0: requeued the job", flush=True)
+            hvd.barrier()
+            if args.requeue:
+                time.sleep(600)  # Slurm ends this run; the requeued one resumes
+            return 0
+        if (step + 1) % args.save_every == 0:
+            save(step + 1)
+        time.sleep(args.sleep)
+    if rank == 0:
+        print(f"done: steps={args.steps} loss={loss:.6f}", flush=True)
+        if args.out:
+            np.savez(args.out, *[v.numpy() for v in model.variables])
+    hvd.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
