@@ -1,0 +1,98 @@
+"""Slurm scripts: golden files for representative option sets, safe quoting, and invalid
+options rejected before sbatch runs."""
+
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from hpcrep.cli import main as hpcrep_main
+from hpcrep.errors import SlurmOptionError
+from hpcrep.slurm import JobOptions, render
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "slurm")
+
+CASES = {
+    "minimal": JobOptions(command=("python", "train.py")),
+    "multinode_gpu_requeue": JobOptions(
+        command=("python", "train.py", "--note", "a b; rm -rf / $(id)"), job_name="resnet50",
+        nodes=2, tasks_per_node=4, cpus_per_task=8, gpus_per_node=4, time="1-12:00:00",
+        partition="gpu", account="proj.42", qos="normal", output="logs/run %j.out",
+        error="logs/run-%j.err", modules=("gcc/12", "openmpi/4.1"),
+        setup=("source $HOME/venv/bin/activate",), env=(("DATA", "/scratch/my data"),),
+        signal_lead=120, requeue=True, checkpoint_dir="/scratch/ckpt's"),
+    "mpirun_signal": JobOptions(command=("python", "-m", "hpcrep", "fit.py"), nodes=1,
+                                tasks_per_node=4, time="30", launcher="mpirun", signal_lead=90,
+                                requeue=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_golden(name):
+    with open(os.path.join(GOLDEN, f"{name}.sh")) as f:
+        assert render(CASES[name]) == f.read()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_script_is_valid_bash(name):
+    done = subprocess.run(["bash", "-n"], input=render(CASES[name]), text=True,
+                          capture_output=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_command_round_trips_through_the_shell():
+    argv = ("python", "x.py", "a b", "; rm -rf /", "$(id)", "it's", "`x`", "*")
+    script = render(JobOptions(command=argv))
+    launch = script.strip().splitlines()[-1]
+    assert shlex.split(launch)[-len(argv):] == list(argv)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"nodes": 0}, "nodes: expected an integer >= 1; got 0"),
+    ({"tasks_per_node": -1}, "tasks-per-node"),
+    ({"time": "1:99"}, "invalid time"),
+    ({"time": "0"}, "invalid time"),
+    ({"time": "ten"}, "invalid time"),
+    ({"partition": "a b"}, "partition"),
+    ({"output": "x\ny"}, "output"),
+    ({"launcher": "aprun"}, "launcher"),
+    ({"signal_lead": 0}, "signal-lead"),
+    ({"env": (("1BAD", "x"),)}, "env"),
+    ({"command": ()}, "command"),
+])
+def test_invalid_options_are_rejected(kwargs, match):
+    kwargs.setdefault("command", ("python", "x.py"))
+    with pytest.raises(SlurmOptionError, match=match):
+        JobOptions(**kwargs)
+
+
+@pytest.mark.parametrize("time", ["30", "10:00", "1:30:00", "2-00", "2-00:00", "1-12:00:00"])
+def test_valid_times(time):
+    assert f"--time={time}" in render(JobOptions(command=("x",), time=time))
+
+
+def test_cli_render_and_submit_rejects_before_sbatch(tmp_path, capsys):
+    assert hpcrep_main(["slurm", "render", "--tasks-per-node", "4", "--env", "A=b c", "--",
+                        "python", "t.py"]) == 0
+    out = capsys.readouterr().out
+    assert "export A='b c'" in out and "--ntasks=4" in out
+    marker = tmp_path / "sbatch-ran"
+    fake = tmp_path / "sbatch"
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\necho 1\n")
+    fake.chmod(0o755)
+    assert hpcrep_main(["slurm", "submit", "--nodes", "0", "--sbatch", str(fake), "--",
+                        "python", "t.py"]) == 2
+    assert "invalid nodes" in capsys.readouterr().err and not marker.exists()
+    assert hpcrep_main(["slurm", "submit", "--sbatch", str(fake), "--", "python", "t.py"]) == 0
+    assert capsys.readouterr().out.strip() == "1" and marker.exists()
+
+
+def test_gpu_pinning_by_local_rank():
+    script = render(CASES["multinode_gpu_requeue"])
+    pin = next(line for line in script.splitlines() if line.startswith("pin_gpu="))
+    for local, gpu in (("0", "0"), ("5", "1"), ("3", "3")):
+        done = subprocess.run(["bash", "-c", pin + "\n\"${pin_gpu[@]}\" sh -c 'echo $CUDA_VISIBLE_DEVICES'"],
+                              env={"PATH": os.environ["PATH"], "SLURM_LOCALID": local},
+                              capture_output=True, text=True)
+        assert done.stdout.strip() == gpu, done.stderr
