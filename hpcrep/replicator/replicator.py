@@ -265,6 +265,17 @@ class Replicator:
 
         return self._group.join() if self._group else np.zeros(0, np.int64)
 
+    def peek_group_steps(self) -> Any:
+        """Asynchronous regime: every group's step count as the store holds it now (numpy int64;
+        counts advance at exchanges). Empty in the synchronous regime. Local: reads the store
+        without involving any other rank.
+        """
+        import numpy as np  # noqa: PLC0415
+
+        if not self._group or self._group.store is None:
+            return np.zeros(0, np.int64)
+        return self._group.store.read()[1]
+
     def group_stats(self) -> dict:
         """Asynchronous regime: steps of every group at this group's last exchange, the largest
         step difference between groups seen at any exchange, and this rank's exchange count.

@@ -1,0 +1,60 @@
+"""The Replicator's jobs/ examples as real MPI jobs: the synchronous regime at 2 ranks, and sync
+groups at 4 ranks progressing at different rates (one group sleeps every step and, at step
+HOLD_AT, waits until the other group has finished all its steps: any lockstep between groups
+would deadlock, which the timeout turns into a failure) yet converging to one model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpcrep.launch.mpirun import mpirun_command, mpirun_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS, HOLD_AT = 60, 10
+
+
+def run_job(ranks, script, *job_args, timeout=400):
+    argv = mpirun_command(ranks, [sys.executable, os.path.join(ROOT, "jobs", script),
+                                  *map(str, job_args)])
+    env = mpirun_env()
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{script} did not finish within {timeout}s (hang?):\n{exc.stdout}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    assert lines, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(lines[-1])
+
+
+@pytest.mark.timeout(500)
+def test_sync_job_learns_and_keeps_replicas_equal():
+    out = run_job(2, "replicator_sync.py", "--steps", 40)
+    assert out["ranks"] == 2
+    assert out["last_loss"] < 0.5 * out["first_loss"]
+    assert out["weights_equal"]
+
+
+@pytest.mark.timeout(500)
+def test_async_groups_progress_at_different_rates_and_converge():
+    out = run_job(4, "replicator_async.py", "--steps", STEPS, "--groups", 2, "--slow-group", 1,
+                  "--slow-sleep", 0.05, "--hold-at", HOLD_AT)
+    fast = [r for r in out["ranks"] if r["group"] == 0]
+    slow = [r for r in out["ranks"] if r["group"] == 1]
+    assert len(fast) == 2 and len(slow) == 2
+    for r in slow:
+        # The slow group was released only once the fast group had finished, at its step HOLD_AT.
+        assert r["held_until"] == [STEPS, HOLD_AT]
+    for r in fast:
+        # At its last exchange the fast group was STEPS steps in; the slow one at most HOLD_AT.
+        assert r["steps_seen_at_last_exchange"][0] == STEPS
+        assert r["steps_seen_at_last_exchange"][1] <= HOLD_AT
+        assert r["max_divergence"] >= STEPS - HOLD_AT
+    assert out["final_group_steps"] == [STEPS, STEPS]
+    assert out["weights_equal"]
+    assert out["final_loss"] < 0.01 * out["initial_loss"]
