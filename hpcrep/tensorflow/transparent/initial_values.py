@@ -16,8 +16,10 @@ Plain ``tf.Variable`` objects created outside Keras are not intercepted.
 
 from __future__ import annotations
 
+import contextlib
 import random
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 import keras
 import tensorflow as tf
@@ -28,10 +30,26 @@ from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
 from hpcrep.tensorflow.variables import broadcast_variables
 
 
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def local_only() -> Iterator[None]:
+    """Create variables without broadcasting them, e.g. while rank 0 alone saves a model."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
 def _broadcast_new_variable(variable: Any) -> None:
     """Give ``variable`` (a ``tf.Variable``) rank 0's value. Collective."""
     with tf.init_scope():
-        if tf.executing_eagerly():
+        # Keras's symbolic build (compute_output_spec) creates metric and loss trackers whose
+        # value does not have the variable's shape yet; they start at zero on every rank anyway,
+        # and fit's BroadcastGlobalVariablesCallback covers the model and optimizer again.
+        if tf.executing_eagerly() and variable.value().shape == variable.shape:
             broadcast_variables([variable], root_rank=0)
 
 
@@ -45,7 +63,7 @@ def install(patches: PatchSet) -> None:
 
     def _initialize(self: Any, value: Any) -> None:
         original(self, value)
-        if comm.size() > 1:
+        if comm.size() > 1 and not getattr(_local, "depth", 0):
             _broadcast_new_variable(self._value)
 
     patches.attr(owner, "_initialize", _initialize)

@@ -1,6 +1,6 @@
 """Side effects on rank 0 only: printing, ``model.save`` and ``save_weights``; no XLA.
 
-On other ranks ``sys.stdout`` goes to ``/dev/null`` (errors on ``sys.stderr`` still show).
+Saving runs without the variable-creation broadcast (rank 0 is alone). On other ranks ``sys.stdout`` goes to ``/dev/null`` (errors on ``sys.stderr`` still show).
 ``save``/``save_weights`` write on rank 0; outside ``fit`` (where every rank calls them) the ranks
 then agree on the outcome, so the file exists when any rank returns and a failed save raises on
 every rank. Inside ``fit`` the saving callbacks run on rank 0 alone, so there is no exchange.
@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from hpcrep import comm
 from hpcrep.errors import RemoteError
+from hpcrep.tensorflow.transparent.initial_values import local_only
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
 from hpcrep.tensorflow.transparent.training import in_keras_loop
 
@@ -39,11 +40,15 @@ def _rank_zero_writer(original: Any, what: str) -> Any:
     @functools.wraps(original)
     def write(self: Any, *args: Any, **kwargs: Any) -> Any:
         if in_keras_loop():
-            return original(self, *args, **kwargs) if comm.rank() == 0 else None
+            if comm.rank() != 0:
+                return None
+            with local_only():
+                return original(self, *args, **kwargs)
         result, error = None, None
         if comm.rank() == 0:
             try:
-                result = original(self, *args, **kwargs)
+                with local_only():
+                    result = original(self, *args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - agreed below, then re-raised
                 error = exc
         _agree_on_save(what, error)
