@@ -7,6 +7,7 @@
 - every Keras optimizer applies gradients averaged across ranks (:mod:`.gradients`);
 - ``fit``/``evaluate``/``predict`` shard their inputs by rank with equal step counts, average
   logs and metrics, and keep file-writing callbacks on rank 0 (:mod:`.training`);
+- a ``tf.data`` dataset iterated in a Python loop yields this rank's share (:mod:`.iteration`);
 - printing, ``model.save`` and ``save_weights`` happen on rank 0, and XLA is off
   (:mod:`.rank_zero`).
 
@@ -53,12 +54,12 @@ def transparent(announce: bool = True) -> Iterator[PatchSet]:
         return
     from hpcrep.tensorflow import basics  # noqa: PLC0415 - imports TensorFlow
     from hpcrep.tensorflow.transparent import (gradients, initial_values,  # noqa: PLC0415
-                                               rank_zero, training)
+                                               iteration, rank_zero, training)
 
     basics.init()
     patches = PatchSet()
     try:
-        for module in (initial_values, gradients, training, rank_zero):
+        for module in (initial_values, gradients, training, iteration, rank_zero):
             module.install(patches)
         _active = patches
         if announce and comm.rank() == 0:
