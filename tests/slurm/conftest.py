@@ -1,0 +1,65 @@
+"""The one-node Slurm cluster of slurm/testcluster: find it, or skip (fail under CI=true).
+
+``make test-slurm`` starts the cluster (slurm/testcluster/up.sh), runs these tests and stops it.
+Clients find it through ``SLURM_CONF`` (default: /tmp/hpcrep-slurm/slurm.conf).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+CONF = os.environ.get("SLURM_CONF", "/tmp/hpcrep-slurm/slurm.conf")
+
+
+def _unavailable() -> str:
+    if not shutil.which("sbatch"):
+        return "Slurm is not installed (run slurm/testcluster/up.sh as root, or make test-slurm)"
+    if not os.path.exists(CONF):
+        return f"no test cluster: {CONF} is missing (run slurm/testcluster/up.sh as root)"
+    done = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True,
+                          env={**os.environ, "SLURM_CONF": CONF}, timeout=30)
+    if done.returncode != 0 or "idle" not in done.stdout and "mix" not in done.stdout:
+        return f"the test cluster does not answer: {done.stderr.strip() or done.stdout.strip()}"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict:
+    """Environment for Slurm clients talking to the test cluster."""
+    reason = _unavailable()
+    if reason:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and Slurm is required: {reason}")
+        pytest.skip(reason)
+    env = dict(os.environ)
+    env["SLURM_CONF"] = CONF
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env
+
+
+def job_info(job_id: str, env: dict) -> dict:
+    """Return ``scontrol show job`` fields of ``job_id`` (empty once Slurm forgot the job)."""
+    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                          text=True, env=env, timeout=30)
+    return dict(re.findall(r"(\w+)=(\S*)", done.stdout)) if done.returncode == 0 else {}
+
+
+def wait_for(job_id: str, env: dict, states: tuple[str, ...], timeout: float,
+             restarts: int = 0) -> dict:
+    """Poll until the job is in one of ``states`` with at least ``restarts`` restarts."""
+    deadline = time.time() + timeout
+    info: dict = {}
+    while time.time() < deadline:
+        info = job_info(job_id, env)
+        if info.get("JobState") in states and int(info.get("Restarts", 0)) >= restarts:
+            return info
+        time.sleep(1)
+    subprocess.run(["scancel", job_id], env=env)
+    pytest.fail(f"job {job_id} did not reach {states} (restarts >= {restarts}) in {timeout:.0f} "
+                f"s; last state {info.get('JobState')}, restarts {info.get('Restarts')}")
