@@ -1,0 +1,219 @@
+"""``hpcrep bench MODEL --ranks 1,2,4``: weak-scaling benchmark with peers side by side.
+
+For each model and rank count one MPI job (``jobs/<model>.py --bench-json``) times the same
+training step under hpcrep, with no synchronisation (upper bound) and with a hand-written mpi4py
+allreduce (raw baseline); ResNet-50 also runs under ``tf.distribute.MultiWorkerMirroredStrategy``
+on localhost. Horovod is run when importable and recorded as "not importable" otherwise. The
+allreduce benchmark (``bench.allreduce``) runs in the same invocation. Results, plots and a
+projection to 8..1024 ranks go to ``reports/<timestamp>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("resnet50", "sngan", "d4pg")
+MODES = ("hpcrep", "nosync", "mpi4py")
+
+# Per-model job arguments: quick mode (make bench, minutes on 2 cores) and full mode.
+SETTINGS: dict[str, dict[bool, list[str]]] = {
+    "resnet50": {True: ["--image-size", "32", "--batch", "8", "--steps", "5", "--warmup", "2"],
+                 False: ["--image-size", "64", "--batch", "32", "--steps", "20", "--warmup", "3"]},
+    "sngan": {True: ["--image-size", "16", "--g-ch", "32", "--d-ch", "32", "--batch", "16",
+                     "--n-dis", "1", "--steps", "5", "--warmup", "2"],
+              False: ["--image-size", "32", "--g-ch", "64", "--d-ch", "64", "--batch", "32",
+                      "--n-dis", "5", "--steps", "10", "--warmup", "2"]},
+    "d4pg": {True: ["--batch", "128", "--min-replay", "500", "--steps", "30", "--warmup", "5"],
+             False: ["--batch", "256", "--min-replay", "2000", "--steps", "200", "--warmup",
+                     "20"]},
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of ``hpcrep bench``."""
+    parser.add_argument("model", choices=MODELS + ("all",), help="model to benchmark, or all")
+    parser.add_argument("--ranks", default="1,2,4", help="comma-separated rank counts")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few steps (make bench)")
+    parser.add_argument("--out", help="report directory (default reports/<timestamp>)")
+    parser.add_argument("--no-allreduce", action="store_true", help="skip the allreduce benchmark")
+    parser.add_argument("--no-mwms", action="store_true", help="skip MultiWorkerMirroredStrategy")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per MPI job")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark and write the report; returns 0, or 1 if any job failed."""
+    from bench import report as report_mod  # noqa: PLC0415
+
+    ranks = sorted({int(r) for r in args.ranks.split(",") if r.strip()})
+    if not ranks or min(ranks) < 1:
+        raise SystemExit(f"--ranks needs positive integers, got {args.ranks!r}")
+    if 1 not in ranks:
+        ranks = [1] + ranks  # efficiency is measured against 1 rank
+    out = args.out or os.path.join("reports", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    start = time.time()
+    report: dict[str, Any] = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
+                              "quick": bool(args.quick), "ranks": ranks,
+                              "machine": machine(), "versions": versions(), "models": {},
+                              "peers": {}, "errors": []}
+    models = MODELS if args.model == "all" else (args.model,)
+    for model in models:
+        report["models"][model] = run_model(model, ranks, args, out, report["errors"])
+    report["peers"]["horovod"] = horovod_status()
+    if not args.no_allreduce:
+        report["allreduce"] = run_allreduce([r for r in ranks if r > 1] or [2], out, args.quick,
+                                            report["errors"])
+    report["seconds"] = time.time() - start
+    report_mod.derive(report)
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    paths = report_mod.render(report, out)
+    print(report_mod.summary(report))
+    print("wrote " + ", ".join([os.path.join(out, "report.json")] + paths))
+    return 1 if report["errors"] else 0
+
+
+def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
+              errors: list) -> dict:
+    """Run ``model``'s benchmark job at each rank count; return {unit, runs: mode -> ranks -> r}."""
+    result: dict[str, Any] = {"runs": {}, "jobs": {}}
+    for n in ranks:
+        variants = [",".join(MODES)]
+        if model == "resnet50" and not args.no_mwms:
+            variants.append("mwms")
+        for modes in variants:
+            path = os.path.join(out, "jobs", f"{model}-{n}-{modes.split(',')[0]}.json")
+            extra = ["--port-base", str(free_port_base(n))] if modes == "mwms" else []
+            data = run_job(model, n, ["--modes", modes, "--bench-json", path]
+                           + SETTINGS[model][args.quick] + extra, args.timeout, errors)
+            if data is None:
+                continue
+            result["unit"] = data["unit"]
+            for key in ("grad_bytes", "grad_tensors", "syncs_per_step"):
+                if key in data:
+                    result[key] = data[key]
+            result["jobs"][f"{n}/{modes}"] = {"environment": data["environment"],
+                                               "seconds": data["seconds"]}
+            for mode, timing in data["runs"].items():
+                result["runs"].setdefault(mode, {})[str(n)] = timing
+    return result
+
+
+def run_job(model: str, n: int, job_args: list[str], timeout: int,
+            errors: list) -> Optional[dict]:
+    """Run ``jobs/<model>.py`` on ``n`` ranks; return its JSON, or None (error recorded)."""
+    from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
+
+    path = job_args[job_args.index("--bench-json") + 1]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    env = mpirun_env()
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    command = mpirun_command(n, [sys.executable, os.path.join(ROOT, "jobs", f"{model}.py")]
+                             + job_args)
+    label = f"{model} x{n} ({job_args[job_args.index('--modes') + 1]})"
+    print(f"bench: {label} ...", flush=True)
+    start = time.time()
+    try:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        errors.append(f"{label}: timed out after {timeout} s")
+        return None
+    if proc.returncode != 0 or not os.path.exists(path):
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        errors.append(f"{label}: exit {proc.returncode}\n{tail}")
+        print(f"bench: {label} FAILED (exit {proc.returncode})\n{tail}", flush=True)
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    data["seconds"] = time.time() - start
+    print(f"bench: {label} done in {data['seconds']:.0f} s", flush=True)
+    return data
+
+
+def run_allreduce(ranks: list[int], out: str, quick: bool, errors: list) -> dict:
+    """Run the lead's allreduce benchmark (``bench.allreduce.run``); record failures."""
+    print(f"bench: allreduce benchmark at ranks {ranks} ...", flush=True)
+    try:
+        from bench import allreduce  # noqa: PLC0415
+
+        return allreduce.run(ranks, out, quick=quick)
+    except Exception as exc:  # noqa: BLE001 - record any failure of the peer benchmark
+        errors.append(f"allreduce benchmark: {type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def horovod_status() -> dict:
+    """Whether ``horovod.tensorflow`` imports in this Python (it is a peer only if it does)."""
+    proc = subprocess.run([sys.executable, "-c", "import horovod.tensorflow as h; print(h.__file__)"],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    if proc.returncode == 0:
+        return {"status": "importable", "path": proc.stdout.strip(),
+                "note": "Horovod's Keras integration is broken on Keras 3; not benchmarked yet"}
+    last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    return {"status": "not importable", "error": last,
+            "how_to_build": "bench/README.md, section Horovod"}
+
+
+def free_port_base(n: int) -> int:
+    """A port p such that p..p+n-1 were free a moment ago (for TF_CONFIG on localhost)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65535 and all(_port_free(base + i) for i in range(n)):
+            return base
+    raise RuntimeError(f"could not find {n} consecutive free localhost ports")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def machine() -> dict:
+    """The host facts a reader needs to compare reports."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    return {"host": platform.node(), "cores": cores, "cpu": model, "memory_gib": round(mem, 1),
+            "os": platform.platform(), "load_average": list(os.getloadavg())}
+
+
+def versions() -> dict:
+    """Versions of the stack (read from package metadata: no TensorFlow import here)."""
+    from importlib import metadata  # noqa: PLC0415
+
+    out = {"python": platform.python_version()}
+    for dist in ("tensorflow-cpu", "tensorflow", "keras", "mpi4py", "numpy", "gymnasium",
+                 "hpcrep", "horovod"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        out["mpirun"] = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
+                                       timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        pass
+    return out

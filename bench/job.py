@@ -1,0 +1,90 @@
+"""What every benchmark job in ``jobs/`` shares: common options, running each synchronisation
+mode under the same model, and writing rank 0's results as JSON for the harness."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from typing import Any, Callable, Optional, Sequence
+
+from bench.sync import MODES, Synchronizer, make_synchronizer
+from bench.timing import time_steps
+
+# A step factory takes a synchroniser and returns a step: a function that runs one training step
+# and returns the seconds it spent synchronising.
+StepFactory = Callable[[Synchronizer, str], Callable[[], float]]
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser, extra_modes: Sequence[str] = ()) -> None:
+    """Add ``--bench-json``, ``--modes``, ``--steps`` and ``--warmup`` to a job's parser."""
+    group = parser.add_argument_group("benchmark mode (used by `hpcrep bench`)")
+    group.add_argument("--bench-json", metavar="PATH",
+                       help="time steps instead of training; rank 0 writes results to PATH")
+    group.add_argument("--modes", default="hpcrep,nosync,mpi4py",
+                       help=f"synchronisers to time, comma-separated: "
+                            f"{', '.join(tuple(MODES) + tuple(extra_modes))}")
+    group.add_argument("--steps", type=int, default=10, help="timed steps per mode")
+    group.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per mode")
+
+
+def parse_modes(text: str, allowed: Sequence[str]) -> list[str]:
+    """Split ``text`` into modes, checking each against ``allowed``."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in allowed]
+    if bad or not modes:
+        raise SystemExit(f"--modes: unknown {bad or text!r}; choose from {', '.join(allowed)}")
+    return modes
+
+
+def run_modes(factory: StepFactory, modes: Sequence[str], steps: int, warmup: int,
+              items_per_step: float) -> dict[str, dict]:
+    """Time ``steps`` steps of the model under each synchroniser in ``modes``.
+
+    Collective: every rank must call this with the same arguments.
+    """
+    results = {}
+    for mode in modes:
+        step = factory(make_synchronizer(mode), mode)
+        results[mode] = time_steps(step, steps, warmup, items_per_step)
+    return results
+
+
+def environment() -> dict[str, Any]:
+    """Versions and placement facts recorded with every job's results."""
+    import tensorflow as tf  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    return {"ranks": MPI.COMM_WORLD.Get_size(), "tf_intra_threads":
+            tf.config.threading.get_intra_op_parallelism_threads(),
+            "tf": tf.__version__, "python": platform.python_version(),
+            "mpi": MPI.Get_library_version().splitlines()[0]}
+
+
+def write_result(path: Optional[str], result: dict) -> None:
+    """Rank 0 writes ``result`` (plus the environment) to ``path`` as JSON; others do nothing."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    if not path or MPI.COMM_WORLD.Get_rank() != 0:
+        return
+    result = dict(result, environment=environment())
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(tmp, path)
+
+
+def weights_agree(variables: Sequence[Any]) -> bool:
+    """True if every rank holds the same values in ``variables`` (compares checksums).
+
+    Collective: every rank must call this.
+    """
+    import numpy as np  # noqa: PLC0415
+
+    from hpcrep import comm  # noqa: PLC0415
+
+    checksum = np.array([float(np.sum(np.asarray(v, np.float64))) for v in variables])
+    lo = comm.allreduce(checksum, comm.Min, name="weights_agree.min").copy()
+    hi = comm.allreduce(checksum, comm.Max, name="weights_agree.max").copy()
+    return bool(np.allclose(lo, hi, rtol=1e-5, atol=1e-6))

@@ -1,0 +1,58 @@
+"""Gradient synchronisers the benchmark swaps under the same model step.
+
+- ``hpcrep``: :class:`hpcrep.tensorflow.gradients.GradientReducer` (what ``DistributedOptimizer``
+  and ``DistributedGradientTape`` use), one fused allreduce per call, inside ``tf.function``;
+- ``nosync``: no communication at all, the upper bound of any synchroniser;
+- ``mpi4py``: the raw baseline written by hand: tensors to numpy, packed into one flat buffer,
+  one ``MPI.COMM_WORLD.Allreduce(IN_PLACE)``, divided by the size and split back.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+MODES = ("hpcrep", "nosync", "mpi4py")
+
+Synchronizer = Callable[[Sequence[tf.Tensor]], list]
+
+
+def make_synchronizer(mode: str) -> Synchronizer:
+    """Return a function that averages a list of gradient tensors across ranks.
+
+    Collective (modes hpcrep and mpi4py): every rank must call the returned function, in the same
+    order, with matching tensors.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`MODES`.
+    """
+    if mode == "hpcrep":
+        from hpcrep.tensorflow.gradients import GradientReducer  # noqa: PLC0415
+
+        reducer = GradientReducer()
+        return tf.function(lambda grads: reducer.reduce(list(grads), name="bench_grads"),
+                           autograph=False)
+    if mode == "nosync":
+        return lambda grads: list(grads)
+    if mode == "mpi4py":
+        return _mpi4py_average
+    raise ValueError(f"unknown synchronisation mode {mode!r}; expected one of {', '.join(MODES)}")
+
+
+def _mpi4py_average(grads: Sequence[tf.Tensor]) -> list:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    world = MPI.COMM_WORLD
+    arrays = [np.asarray(g, dtype=np.float32) for g in grads]
+    if world.Get_size() == 1:
+        return [tf.constant(a) for a in arrays]
+    flat = np.concatenate([a.ravel() for a in arrays])
+    world.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+    flat /= world.Get_size()
+    out, offset = [], 0
+    for a in arrays:
+        out.append(tf.constant(flat[offset:offset + a.size].reshape(a.shape)))
+        offset += a.size
+    return out

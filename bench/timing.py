@@ -1,0 +1,83 @@
+"""Timing of training steps inside a benchmark job: warm-up excluded, slowest rank counted."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+
+def time_steps(step: Callable[[], float], steps: int, warmup: int,
+               items_per_step: float) -> dict:
+    """Run ``warmup + steps`` calls of ``step`` and summarise the timed ones.
+
+    ``step`` returns the seconds it spent communicating (0 when it does not). Each step's wall
+    time and communication time are taken as the maximum over ranks (the slowest rank sets the
+    pace), then the median over timed steps is reported.
+
+    Collective: every rank must call this, with the same ``steps`` and ``warmup``.
+
+    Returns:
+        ``step_ms``, ``comm_ms``, ``compute_ms``, ``comm_fraction``, ``throughput`` (items/s for
+        the whole job, ``items_per_step`` being the global items of one step) and the raw
+        ``step_times_ms``.
+    """
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    for _ in range(warmup):
+        step()
+    walls = np.empty(steps)
+    comms = np.empty(steps)
+    _barrier()
+    for i in range(steps):
+        start = time.perf_counter()
+        comms[i] = step()
+        walls[i] = time.perf_counter() - start
+    walls, comms = _max_over_ranks(walls), _max_over_ranks(comms)
+    step_s = float(np.median(walls))
+    comm_s = float(np.median(comms))
+    return {
+        "step_ms": step_s * 1e3,
+        "comm_ms": comm_s * 1e3,
+        "compute_ms": max(step_s - comm_s, 0.0) * 1e3,
+        "comm_fraction": comm_s / step_s if step_s > 0 else 0.0,
+        "throughput": items_per_step / step_s if step_s > 0 else 0.0,
+        "steps": steps,
+        "warmup": warmup,
+        "step_times_ms": [float(t * 1e3) for t in walls],
+    }
+
+
+def _barrier() -> None:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    MPI.COMM_WORLD.Barrier()
+
+
+def _max_over_ranks(values: np.ndarray) -> np.ndarray:
+    from mpi4py import MPI  # noqa: PLC0415
+
+    out = np.array(values, dtype=np.float64)
+    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, out, op=MPI.MAX)
+    return out
+
+
+class Stopwatch:
+    """Accumulates the seconds spent inside ``with watch:`` blocks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> "Stopwatch":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+    def take(self) -> float:
+        """Return the accumulated seconds and reset to zero."""
+        value, self.seconds = self.seconds, 0.0
+        return value

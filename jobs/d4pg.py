@@ -1,0 +1,151 @@
+"""D4PG with a data-parallel learner across ranks and one actor per rank (``hpcrep.tensorflow``).
+
+Run on N ranks:  ``mpirun -n N python jobs/d4pg.py [options]``  (or ``srun``).
+
+- Training (default): every rank's actor steps its own ``--env`` (gymnasium ``Pendulum-v1``) with
+  the behaviour policy (acting compiled in a ``tf.function``), feeding its replay; after
+  ``--min-replay`` transitions the learner takes one data-parallel step per environment step and
+  pushes the policy to the actors every ``--actor-update-period`` learner steps. Rank 0 writes the
+  episode returns (averaged over ranks) to ``--result-json``; exits 1 if the mean of the last
+  ``--last-episodes`` returns is below ``--min-return``.
+- Benchmark (``--bench-json PATH``): fills the replay with random actions, then times learner
+  steps under each synchroniser in ``--modes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from bench.job import (add_bench_arguments, parse_modes, run_modes, weights_agree,  # noqa: E402
+                       write_result)
+from bench.sync import MODES  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", default="Pendulum-v1")
+    p.add_argument("--env-steps", type=int, default=10_000, help="per rank")
+    p.add_argument("--batch", type=int, default=256, help="per-rank learner batch")
+    p.add_argument("--min-replay", type=int, default=1000)
+    p.add_argument("--actor-update-period", type=int, default=100)
+    p.add_argument("--n-step", type=int, default=5)
+    p.add_argument("--sigma", type=float, default=0.3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sync", choices=list(MODES), default="hpcrep")
+    p.add_argument("--min-return", type=float, default=-float("inf"))
+    p.add_argument("--last-episodes", type=int, default=5)
+    p.add_argument("--result-json")
+    add_bench_arguments(p)
+    return p.parse_args(argv)
+
+
+def build(args, env, rank: int):
+    from bench.models.d4pg import D4PG, D4PGConfig, NStepAdder, Replay  # noqa: PLC0415
+
+    config = D4PGConfig(batch=args.batch, min_replay=args.min_replay, n_step=args.n_step,
+                        actor_update_period=args.actor_update_period, sigma=args.sigma)
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    agent = D4PG(obs_dim, act_dim, config)
+    replay = Replay(config.replay_capacity, obs_dim, act_dim, seed=args.seed + rank)
+    return agent, replay, NStepAdder(config.n_step, config.discount)
+
+
+def train(args: argparse.Namespace) -> int:
+    import tensorflow as tf  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+    from bench.models.d4pg import make_env  # noqa: PLC0415
+    from bench.sync import make_synchronizer  # noqa: PLC0415
+
+    rank, size = hvd.rank(), hvd.size()
+    tf.random.set_seed(args.seed + rank)
+    env = make_env(args.env, args.seed + rank)
+    agent, replay, adder = build(args, env, rank)
+    hvd.broadcast_variables(agent.variables, root_rank=0)
+    agent.push_weights()
+    sync, scale = make_synchronizer(args.sync), float(env.action_space.high[0])
+    sigma = tf.constant(args.sigma, tf.float32)
+    o_tm1, _ = env.reset(seed=args.seed + rank)
+    returns, episode_return, start = [], 0.0, time.time()
+    for t in range(args.env_steps):
+        a_tm1 = agent.act(tf.constant(o_tm1, tf.float32), sigma).numpy()
+        o_t, r_t, terminated, truncated, _ = env.step(a_tm1 * scale)
+        episode_return += float(r_t)
+        for transition in adder.add(o_tm1, a_tm1, float(r_t), o_t, terminated, truncated):
+            replay.add(*transition)
+        o_tm1 = o_t
+        if terminated or truncated:
+            returns.append(episode_return)
+            episode_return, (o_tm1, _) = 0.0, env.reset()
+            if rank == 0 and len(returns) % 5 == 0:
+                print(f"episode {len(returns)} (env step {t + 1}): return {returns[-1]:.1f}",
+                      flush=True)
+        if replay.size >= args.min_replay:  # same step on every rank: same env steps per rank
+            agent.learner_step(replay, sync)
+    mean_returns = hvd.allreduce(np.array(returns, np.float64), op=hvd.Average).numpy().tolist()
+    last = float(np.mean(mean_returns[-args.last_episodes:]))
+    result = {"returns": mean_returns, "first_return": mean_returns[0], "last_mean_return": last,
+              "learner_steps": agent.learner_steps, "env_steps_per_rank": args.env_steps,
+              "weights_agree": weights_agree(agent.trainable_variables),
+              "seconds": time.time() - start, "ranks": size}
+    if rank == 0:
+        print(json.dumps({k: v for k, v in result.items() if k != "returns"}), flush=True)
+    write_result(args.result_json, result)
+    return 0 if last >= args.min_return else 1
+
+
+def bench(args: argparse.Namespace, modes: list[str]) -> int:
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+    from bench.models.d4pg import make_env  # noqa: PLC0415
+    from bench.timing import Stopwatch  # noqa: PLC0415
+
+    rank, size = hvd.rank(), hvd.size()
+    env = make_env(args.env, args.seed + rank)
+    agent, replay, adder = build(args, env, rank)
+    o_tm1, _ = env.reset(seed=args.seed + rank)
+    for _ in range(max(args.min_replay, args.batch)):
+        a_tm1 = env.action_space.sample() / env.action_space.high
+        o_t, r_t, term, trunc, _ = env.step(a_tm1 * env.action_space.high)
+        for transition in adder.add(o_tm1, a_tm1, float(r_t), o_t, term, trunc):
+            replay.add(*transition)
+        o_tm1 = env.reset()[0] if term or trunc else o_t
+    hvd.broadcast_variables(agent.variables, root_rank=0)
+    watch = Stopwatch()
+
+    def factory(sync, mode):
+        def step() -> float:
+            agent.learner_step(replay, sync, watch)
+            return watch.take()
+        return step
+
+    runs = run_modes(factory, modes, args.steps, args.warmup, args.batch * size)
+    for r in runs.values():
+        r["learner_steps_per_s"] = 1e3 / r["step_ms"]
+    params = agent.trainable_variables
+    write_result(args.bench_json, {
+        "model": "d4pg", "unit": "transitions/s", "runs": runs,
+        "grad_bytes": sum(int(np.prod(v.shape)) * 4 for v in params),
+        "grad_tensors": len(params), "config": vars(args)})
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+    hvd.init()
+    if args.bench_json:
+        return bench(args, parse_modes(args.modes, MODES))
+    return train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
