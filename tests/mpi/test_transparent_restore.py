@@ -1,0 +1,94 @@
+"""``with hpcrep.tensorflow.transparent():`` trains data-parallel, and every patch is undone on exit.
+
+Runs under ``mpirun -n 4`` and ``-n 1`` (make test-mpi)."""
+
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.eager import context as tf_context
+
+import hpcrep.tensorflow as hvd
+from hpcrep.tensorflow import transparent
+from hpcrep.tensorflow.transparent import is_active
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _init():
+    hvd.init()
+
+
+def patch_points():
+    """(owner, attribute) of everything transparent mode patches."""
+    model = keras.Model
+    owners = {name: next(k for k in model.__mro__ if name in vars(k))
+              for name in ("fit", "evaluate", "predict", "compile", "save", "save_weights")}
+    var_owner = next(k for k in keras.Variable.__mro__ if "_initialize" in vars(k))
+    opt_owner = next(k for k in keras.optimizers.Optimizer.__mro__ if "apply" in vars(k))
+    ds_owner = next(k for k in tf.data.Dataset.__mro__ if "__iter__" in vars(k))
+    return ([(owners[n], n) for n in owners] + [(var_owner, "_initialize"), (opt_owner, "apply"),
+                                                 (ds_owner, "__iter__"), (tf, "function")])
+
+
+def snapshot():
+    return {(o, name): vars(o).get(name) for o, name in patch_points()}
+
+
+def small_model():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def test_every_patch_is_restored_on_exit(world):
+    r, n = world
+    keras.utils.set_random_seed(1234 + r)
+    before, stdout, seed = snapshot(), sys.stdout, tf_context.global_seed()
+    model = small_model()
+    opt = keras.optimizers.SGD(0.1)
+    model.compile(opt, "mse")
+    with transparent(announce=False) as patches:
+        assert is_active()
+        during = snapshot()
+        changed = [key for key in before if during[key] is not before[key]]
+        assert len(changed) == len(before), "some patch point was not patched"
+        model.fit(np.ones((16, 3), np.float32), np.zeros((16, 1), np.float32), batch_size=2,
+                  verbose=0)
+        assert type(opt).__mro__[2] is keras.optimizers.SGD and hvd.optimizer.is_distributed(opt)
+        assert patches.labels
+    assert not is_active()
+    after = snapshot()
+    assert all(after[key] is before[key] for key in before)
+    assert type(opt) is keras.optimizers.SGD
+    assert sys.stdout is stdout
+    assert tf_context.global_seed() == seed
+
+
+def test_restored_even_when_the_body_raises(world):
+    before = snapshot()
+    with pytest.raises(ZeroDivisionError):
+        with transparent(announce=False):
+            1 / 0
+    assert all(snapshot()[key] is before[key] for key in before)
+
+
+def test_training_inside_the_context_is_data_parallel(world):
+    r, n = world
+    keras.utils.set_random_seed(7 + r)  # different local starts on purpose
+    x = np.arange(64 * 3, dtype=np.float32).reshape(64, 3) / 100
+    y = x.sum(axis=1, keepdims=True)
+    with transparent(announce=False):
+        model = small_model()
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+        history = model.fit(x, y, batch_size=4, epochs=3, verbose=0)
+        predictions = model.predict(x, batch_size=5, verbose=0)
+        loss = model.evaluate(x, y, verbose=0)
+    assert len(history.history["loss"]) == 3 and history.history["loss"][-1] < history.history["loss"][0]
+    # each rank ran 64 / n / 4 steps: the optimizer counted them
+    assert int(model.optimizer.iterations.numpy()) == 3 * (64 // n // 4)
+    np.testing.assert_allclose(predictions, model(x).numpy(), rtol=1e-5, atol=1e-6)
+    everyone = hvd.allgather_object([w for w in model.get_weights()] + [loss])
+    for other in everyone[1:]:
+        for a, b in zip(everyone[0], other):
+            np.testing.assert_array_equal(a, b)
