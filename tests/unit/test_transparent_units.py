@@ -1,0 +1,109 @@
+"""One-process tests of transparent mode's pure parts: sharding, reassembly, patch bookkeeping,
+the ``hpcrep run`` command line and the Slurm variable table."""
+
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hpcrep.errors import TransparentModeError
+from hpcrep.launch import environment, run_command
+from hpcrep.tensorflow.transparent import sharding
+from hpcrep.tensorflow.transparent.patching import PatchSet
+
+
+def test_arrays_are_shared_out_in_equal_disjoint_strides():
+    x, y = np.arange(10 * 2).reshape(10, 2), np.arange(10)
+    shards = [sharding.shard_arrays([x, y, None], r, 4, equal=True) for r in range(4)]
+    assert [list(s[1]) for s in shards] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert all(s[2] is None and s[0].shape == (2, 2) for s in shards)
+    with pytest.raises(TransparentModeError, match="cannot be shared by 11 ranks"):
+        sharding.shard_arrays([x], 0, 11, equal=True)
+    with pytest.raises(TransparentModeError, match="different numbers of rows"):
+        sharding.shard_arrays([x, y[:9]], 0, 2, equal=True)
+
+
+def test_dataset_shards_have_equal_counts_even_of_unknown_length():
+    ds = tf.data.Dataset.range(10)
+    got = [list(sharding.shard_dataset(ds, r, 4, equal=True).as_numpy_iterator())
+           for r in range(4)]
+    assert got == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    unknown = ds.filter(lambda v: v < 9)  # 9 elements, cardinality unknown
+    counts = []
+    shard = sharding.shard_dataset(unknown, 0, 4, equal=True, agree=lambda c: counts.append(c) or 2)
+    assert counts == [3] and list(shard.as_numpy_iterator()) == [0, 4]
+
+
+def test_generators_and_pydatasets_deal_round_robin():
+    assert [list(sharding.shard_generator(iter(range(10)), r, 4, equal=True))
+            for r in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert list(sharding.shard_generator(iter(range(10)), 1, 4, equal=False)) == [1, 5, 9]
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return np.full((2, 1), i), np.zeros((2, 1))
+
+    shard = sharding.ShardedPyDataset(Batches(), 2, 4, equal=True)
+    assert len(shard) == 2 and [int(shard[i][0][0, 0]) for i in range(2)] == [2, 6]
+
+
+def test_interleave_restores_the_original_order():
+    # 7 batches of sizes 2,2,2,2,2,2,1 dealt to 3 ranks
+    rows = np.arange(13)
+    batches = np.split(rows, [2, 4, 6, 8, 10, 12])
+    parts = [np.concatenate(batches[k::3]) for k in range(3)]
+    pieces = [[len(b) for b in batches[k::3]] for k in range(3)]
+    np.testing.assert_array_equal(sharding.interleave(parts, pieces), rows)
+
+
+def test_kind_of():
+    assert sharding.kind_of(None) == "none"
+    assert sharding.kind_of(np.ones(3)) == "arrays"
+    assert sharding.kind_of({"a": np.ones(3)}) == "arrays"
+    assert sharding.kind_of(tf.data.Dataset.range(3)) == "dataset"
+    assert sharding.kind_of(i for i in range(3)) == "generator"
+
+
+def test_patch_set_restores_own_and_inherited_attributes_in_reverse():
+    class Base:
+        def f(self):
+            return "base"
+
+    class Child(Base):
+        def g(self):
+            return "child"
+
+    module = types.ModuleType("m")
+    module.value = 1
+    original_g = Child.g
+    patches = PatchSet()
+    patches.attr(Child, "f", lambda self: "patched")
+    patches.attr(Child, "g", lambda self: "patched")
+    patches.attr(module, "value", 2)
+    order = []
+    patches.on_restore(lambda: order.append("hook"))
+    assert Child().f() == "patched" and module.value == 2
+    patches.restore()
+    assert "f" not in vars(Child) and Child().f() == "base"
+    assert Child.g is original_g and module.value == 1 and order == ["hook"]
+
+
+def test_run_command_uses_mpirun_outside_slurm_and_srun_inside(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    argv = run_command.build_command(4, "train.py", ["--epochs", "2"], environ={})
+    assert argv[1:3] == ["-n", "4"] and argv[-5:] == ["-m", "hpcrep", "train.py", "--epochs", "2"]
+    inside = run_command.build_command(None, "train.py", [], environ={"SLURM_JOB_ID": "7"})
+    assert inside[0] == "srun" and inside[1].startswith("--mpi=") and "--ntasks" not in inside
+    with pytest.raises(ValueError, match="number of ranks"):
+        run_command.build_command(None, "train.py", [], environ={})
+
+
+def test_slurm_table_reads_typed_values():
+    env = environment.slurm({"SLURM_JOB_ID": "12", "SLURM_NTASKS": "4", "SLURM_PROCID": "x"})
+    assert env.in_allocation and env.job_id == "12" and env.ntasks == 4 and env.procid is None
+    assert not environment.slurm({}).in_allocation
