@@ -33,8 +33,10 @@ test-slurm:
 	SLURM_CONF=/tmp/hpcrep-slurm/slurm.conf $(PYTEST) -q tests/slurm || status=$$?; \
 	[ "$$started" = 0 ] || bash slurm/testcluster/down.sh; exit $$status
 
+# Quick weak-scaling benchmark of ResNet-50, SN-GAN and D4PG at 1 and 2 ranks (2 cores) with
+# peers side by side and the allreduce benchmark; report in reports/<timestamp>/.
 bench: install
-	$(PY) -m bench.allreduce --ranks 2,4
+	$(PY) -m hpcrep.cli bench all --quick --ranks 1,2
 
 clean:
 	rm -rf .venv reports

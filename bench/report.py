@@ -12,7 +12,8 @@ from typing import Any, Optional
 from bench.projection import project
 
 PEER_NAMES = {"nosync": "no-sync upper bound", "mpi4py": "raw mpi4py allreduce",
-              "mwms": "tf.distribute MultiWorkerMirroredStrategy", "hpcrep": "hpcrep"}
+              "mwms": "tf.distribute MultiWorkerMirroredStrategy", "hpcrep": "hpcrep",
+              "horovod": "Horovod"}
 DEFAULT_SOFTWARE_MS = 0.3  # DESIGN.md: one tf.numpy_function call, used if no allreduce run
 
 

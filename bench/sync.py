@@ -4,7 +4,9 @@
   and ``DistributedGradientTape`` use), one fused allreduce per call, inside ``tf.function``;
 - ``nosync``: no communication at all, the upper bound of any synchroniser;
 - ``mpi4py``: the raw baseline written by hand: tensors to numpy, packed into one flat buffer,
-  one ``MPI.COMM_WORLD.Allreduce(IN_PLACE)``, divided by the size and split back.
+  one ``MPI.COMM_WORLD.Allreduce(IN_PLACE)``, divided by the size and split back;
+- ``horovod``: ``horovod.tensorflow.grouped_allreduce`` when Horovod is installed (it is not on
+  the development machines, so this mode is untested there; see bench/README.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-MODES = ("hpcrep", "nosync", "mpi4py")
+MODES = ("hpcrep", "nosync", "mpi4py", "horovod")
 
 Synchronizer = Callable[[Sequence[tf.Tensor]], list]
 
@@ -38,6 +40,12 @@ def make_synchronizer(mode: str) -> Synchronizer:
         return lambda grads: list(grads)
     if mode == "mpi4py":
         return _mpi4py_average
+    if mode == "horovod":
+        import horovod.tensorflow as horovod  # noqa: PLC0415
+
+        horovod.init()
+        return tf.function(lambda grads: horovod.grouped_allreduce(list(grads),
+                                                                   op=horovod.Average))
     raise ValueError(f"unknown synchronisation mode {mode!r}; expected one of {', '.join(MODES)}")
 
 
