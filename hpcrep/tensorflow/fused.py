@@ -60,8 +60,11 @@ def fused_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float,
             pad = fusion.padded_count(slot.count, bucket.dtype.itemsize) - slot.count
             if pad:
                 pieces.append(tf.zeros([pad], tensors[slot.index].dtype))
-        # One piece means concat may hand back the caller's own tensor: never reduce that in place.
-        owned.append(len(pieces) > 1)
+        # Never reduce a buffer TensorFlow may share: one piece is the caller's own tensor, and in
+        # a tf.function Grappler merges identical concats (two allreduces of one tensor) and
+        # folds constant ones into a Const reused by every call, so in-place results leak into
+        # other reductions and later steps. Copy every bucket into the pool first.
+        owned.append(False)
         packed.append(tf.concat(pieces, 0) if len(pieces) > 1 else pieces[0])
 
     def reduce_on_host(*buffers: np.ndarray) -> list[np.ndarray]:

@@ -271,3 +271,19 @@ def test_async_groups_within_test_world(world):
         np.testing.assert_array_equal(final[0], other)
     full_loss = float(np.mean(np.square(x @ w.numpy() - y)))
     assert full_loss < first
+
+
+def test_reducing_one_tensor_twice_in_a_tf_function(world):
+    """Regression: Grappler merges identical concats and folds constant ones; reductions done in
+    place on such shared buffers leaked into each other and into later calls."""
+    _, n = world
+    v = tf.Variable(1.0)
+
+    @tf.function
+    def twice():
+        x, c = tf.ones([3]) * v, tf.ones([3])
+        return [hvd.allreduce(t, op=hvd.Sum) for t in (x, x, c, c)]
+
+    for _ in range(3):
+        for out in twice():
+            np.testing.assert_array_equal(out.numpy(), np.full(3, float(n)))
