@@ -92,10 +92,10 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
         variants = [",".join(modes)]
         if model == "resnet50" and not args.no_mwms:
             variants.append("mwms")
-        for modes in variants:
-            path = os.path.join(out, "jobs", f"{model}-{n}-{modes.split(',')[0]}.json")
-            extra = ["--port-base", str(free_port_base(n))] if modes == "mwms" else []
-            data = run_job(model, n, ["--modes", modes, "--bench-json", path]
+        for variant in variants:
+            path = os.path.join(out, "jobs", f"{model}-{n}-{variant.split(',')[0]}.json")
+            extra = ["--port-base", str(free_port_base(n))] if variant == "mwms" else []
+            data = run_job(model, n, ["--modes", variant, "--bench-json", path]
                            + SETTINGS[model][args.quick] + extra, args.timeout, errors)
             if data is None:
                 continue
@@ -103,7 +103,7 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
             for key in ("grad_bytes", "grad_tensors", "syncs_per_step"):
                 if key in data:
                     result[key] = data[key]
-            result["jobs"][f"{n}/{modes}"] = {"environment": data["environment"],
+            result["jobs"][f"{n}/{variant}"] = {"environment": data["environment"],
                                                "seconds": data["seconds"]}
             for mode, timing in data["runs"].items():
                 result["runs"].setdefault(mode, {})[str(n)] = timing
