@@ -6,7 +6,7 @@ few aligned buffers. See :mod:`hpcrep.comm.collectives` for the semantics of eac
 """
 
 from hpcrep.comm.collectives import (allgather, allgather_object, allgatherv, allreduce,
-                                     allreduce_buckets_inplace, alltoall,
+                                     grouped_allreduce_buckets, alltoall,
                                      barrier, broadcast, broadcast_object, grouped_allgather,
                                      grouped_allgatherv, grouped_allreduce, grouped_broadcast,
                                      reducescatter)
@@ -19,7 +19,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported",
     "mpi_library_version", "comm", "abort",
-    "allreduce", "allreduce_buckets_inplace", "grouped_allreduce", "allgather", "grouped_allgather", "allgatherv",
+    "allreduce", "grouped_allreduce_buckets", "grouped_allreduce", "allgather", "grouped_allgather", "allgatherv",
     "grouped_allgatherv", "broadcast",
     "grouped_broadcast", "alltoall", "reducescatter", "broadcast_object", "allgather_object",
     "barrier", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",

@@ -52,14 +52,21 @@ def _check_scales(op: ReduceOp, prescale: float, postscale: float) -> None:
             "factors or use op=Sum.")
 
 
-def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
-                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      name: Optional[str] = None) -> list[np.ndarray]:
-    """Reduce each array elementwise across ranks; return the results in the same order.
+def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
+                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                              name: Optional[str] = None, threshold: Optional[int] = None
+                              ) -> tuple[tuple[fusion.Bucket, ...], list[np.ndarray]]:
+    """Reduce arrays across ranks into fusion buffers; return the plan and the reduced buffers.
 
-    Arrays are fused into few buffers (``HPCREP_FUSION_THRESHOLD``) and reduced in place, one MPI
-    call per buffer. ``Average`` of floating arrays folds ``1/size`` into the packing copy (so
-    it costs nothing extra); for integer arrays it is a floor division of the sum.
+    The arrays are packed into pooled, aligned buffers (one copy, with any scaling folded into
+    it) and reduced in place, one MPI call per buffer. Array ``i`` of the result lives at
+    ``buffer[slot.offset:slot.offset + slot.count]`` of the bucket whose slot has index ``i``;
+    :func:`hpcrep.comm.fusion.plan` with the same layout and ``threshold`` gives the same plan,
+    which is how :mod:`hpcrep.tensorflow` splits the buffers without copying. The buffers belong
+    to the caller until it drops them (the pool reuses a buffer only when nothing refers to it).
+
+    ``Average`` of floating arrays folds ``1/size`` into the packing copy (so it costs nothing
+    extra); for integer arrays it is a floor division of the sum.
 
     Collective: every rank must call this, in the same order, with the same number of arrays and
     equal dtypes and shapes.
@@ -68,13 +75,15 @@ def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     _check_scales(op, prescale_factor, postscale_factor)
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "allreduce")
+    if threshold is None:
+        threshold = config.get("HPCREP_FUSION_THRESHOLD")
     with _lock:
         comm = world.comm()
         _agree("allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
         n = comm.Get_size()
-        layout = tuple((a.shape, a.dtype.name) for a in arrays)
-        out: list = [None] * len(arrays)
-        for bucket in fusion.plan(layout, config.get("HPCREP_FUSION_THRESHOLD")):
+        buckets = fusion.plan(tuple((a.shape, a.dtype.name) for a in arrays), threshold)
+        buffers = []
+        for bucket in buckets:
             floating = bucket.dtype.kind in "fc" or bucket.dtype.name == "bfloat16"
             pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
             buf = fusion.pack(bucket, arrays, pre)
@@ -84,31 +93,28 @@ def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
                 np.floor_divide(buf, n, out=buf)
             if postscale_factor != 1.0:
                 np.multiply(buf, postscale_factor, out=buf, casting="unsafe")
-            fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
-        return out
+            buffers.append(buf)
+        return buckets, buffers
 
 
-def allreduce_buckets_inplace(buffers: Sequence[np.ndarray], op: Any,
-                              signature: check.Signature, scale: float = 1.0) -> list[np.ndarray]:
-    """Reduce caller-owned fusion buffers in place, then multiply them by ``scale``.
+def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      name: Optional[str] = None) -> list[np.ndarray]:
+    """Reduce each array elementwise across ranks; return the results in the same order.
 
-    For callers that packed the buffers themselves (:mod:`hpcrep.tensorflow` builds them with
-    ``tf.concat``) and computed the agreement ``signature`` of the original tensors. The buffers
-    are overwritten and returned. Average must be expressed as Sum with ``scale = 1/size``.
+    Arrays are fused into few buffers (``HPCREP_FUSION_THRESHOLD``); see
+    :func:`grouped_allreduce_buckets` for how, and for how Average is computed.
 
-    Collective: every rank must call this, in the same order, with matching buffers.
+    Collective: every rank must call this, in the same order, with the same number of arrays and
+    equal dtypes and shapes.
     """
-    op = as_reduce_op(op)
-    with _lock:
-        comm = world.comm()
-        if config.get("HPCREP_CHECK_COLLECTIVES"):
-            check.agree(comm, signature)
-        for buf in buffers:
-            if comm.Get_size() > 1:
-                comm.Allreduce(*mpi_reduce_args(buf, op))
-            if scale != 1.0:
-                np.multiply(buf, scale, out=buf, casting="unsafe")
-        return list(buffers)
+    arrays = _as_arrays(arrays)
+    buckets, buffers = grouped_allreduce_buckets(arrays, op, prescale_factor, postscale_factor,
+                                                 name)
+    out: list = [None] * len(arrays)
+    for bucket, buf in zip(buckets, buffers):
+        fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
+    return out
 
 
 def allreduce(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,

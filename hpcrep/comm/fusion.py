@@ -137,13 +137,6 @@ def pack(bucket: Bucket, arrays: Sequence[np.ndarray], scale: float = 1.0,
     return buf
 
 
-def copy_to_pool(array: np.ndarray) -> np.ndarray:
-    """Return a pooled, aligned, writable copy of ``array`` (same shape and dtype)."""
-    buf = POOL.take(array.dtype, array.size)
-    np.copyto(buf, array.reshape(-1), casting="no")
-    return buf.reshape(array.shape)
-
-
 def unpack(bucket: Bucket, buf: np.ndarray, shapes: Sequence[tuple[int, ...]],
            out: list) -> None:
     """Store views of ``buf`` into ``out[slot.index]``, shaped as the caller's arrays were."""
