@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import keras
 import tensorflow as tf
+from tensorflow.python.data.ops import iterator_ops
 
 from hpcrep import comm
 from hpcrep.errors import ReplicatorError
@@ -170,7 +171,12 @@ class Replicator:
     def _new_iterator(self, input_fn: Callable[[InputContext], Any], local_index: int
                       ) -> Iterator:
         with tf.init_scope():  # created eagerly even while a tf.function traces run()
-            return iter(input_fn(self._input_context(local_index)))
+            dataset = input_fn(self._input_context(local_index))
+            if isinstance(dataset, tf.data.Dataset):
+                # input_fn already chose this replica's data: bypass Dataset.__iter__, which
+                # transparent mode (`hpcrep run`) patches to shard by rank a second time.
+                return iterator_ops.OwnedIterator(dataset)
+            return iter(dataset)
 
     def _iterator(self, input_fn: Callable[[InputContext], Any], local_index: int) -> Iterator:
         key = (id(input_fn), local_index)

@@ -287,3 +287,18 @@ def test_reducing_one_tensor_twice_in_a_tf_function(world):
     for _ in range(3):
         for out in twice():
             np.testing.assert_array_equal(out.numpy(), np.full(3, float(n)))
+
+
+def test_input_fn_data_is_not_resharded_by_transparent_mode(world, rep):
+    """`hpcrep run` runs scripts in transparent mode, which shards Python loops over datasets;
+    input_fn has already chosen this replica's share and must get all of it."""
+    from hpcrep.tensorflow import transparent
+
+    r, n = world
+
+    def input_fn(ctx):
+        return ctx.shard(tf.data.Dataset.range(1000)).repeat().batch(3)
+
+    with transparent(announce=False):
+        batch = rep.run(lambda b: b, input_fn).values[0].numpy()
+    np.testing.assert_array_equal(batch, [r, r + n, r + 2 * n])
