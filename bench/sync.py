@@ -53,7 +53,9 @@ def _mpi4py_average(grads: Sequence[tf.Tensor]) -> list:
     from mpi4py import MPI  # noqa: PLC0415
 
     world = MPI.COMM_WORLD
-    arrays = [np.asarray(g, dtype=np.float32) for g in grads]
+    # Embedding-style gradients arrive as tf.IndexedSlices: densify, as a hand-written
+    # baseline would.
+    arrays = [np.asarray(tf.convert_to_tensor(g), dtype=np.float32) for g in grads]
     if world.Get_size() == 1:
         return [tf.constant(a) for a in arrays]
     flat = np.concatenate([a.ravel() for a in arrays])

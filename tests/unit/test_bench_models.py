@@ -128,5 +128,9 @@ def test_synchronizers_are_identity_on_one_rank_and_reject_unknown_modes():
         out = make_synchronizer(mode)(grads)
         for a, b in zip(grads, out):
             np.testing.assert_array_equal(a.numpy(), np.asarray(b))
+    sparse = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([3, 2]))
+    for mode in ("hpcrep", "mpi4py"):
+        np.testing.assert_array_equal(np.asarray(tf.convert_to_tensor(
+            make_synchronizer(mode)([sparse])[0])), [[0, 0], [1, 1], [0, 0]])
     with pytest.raises(ValueError, match="unknown synchronisation mode"):
         make_synchronizer("nccl")
