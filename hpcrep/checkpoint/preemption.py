@@ -41,6 +41,11 @@ class PreemptionSignal:
         self.received = bool(flag[0])
         return self.received
 
+    def ignore(self) -> None:
+        """Ignore the signal from now on: call it after the last step, so that a signal arriving
+        while a finished job shuts down (MPI finalisation) does not kill it."""
+        signal.signal(self.signum, signal.SIG_IGN)
+
     def close(self) -> None:
         """Put back the handler that was installed before."""
         signal.signal(self.signum, self._previous)

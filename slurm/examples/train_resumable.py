@@ -34,17 +34,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="on the signal: checkpoint, then scontrol requeue this Slurm job")
     args = parser.parse_args(argv)
 
+    # Watch for the pre-timeout signal before the slow imports: its default action would kill
+    # the rank if it arrived during start-up.
+    from hpcrep.checkpoint import CheckpointManager, PreemptionSignal, requeue, restart_count
+    signal_watch = PreemptionSignal()
+
     import keras
     import tensorflow as tf
 
     import hpcrep.tensorflow as hvd
-    from hpcrep.checkpoint import CheckpointManager, PreemptionSignal, requeue, restart_count
     from hpcrep.tensorflow.checkpoint_callback import load_training_state, training_state
 
     hvd.init()
     tf.config.experimental.enable_op_determinism()
     rank, size = hvd.rank(), hvd.size()
-    signal_watch = PreemptionSignal()  # install early: the signal may come during start-up
     keras.utils.set_random_seed(1234)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
                               keras.layers.Dense(1)])
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if (step + 1) % args.save_every == 0:
             save(step + 1)
         time.sleep(args.sleep)
+    signal_watch.ignore()  # finished: a late signal must not kill the job while it exits
     if rank == 0:
         print(f"done: steps={args.steps} loss={loss:.6f}", flush=True)
         if args.out:

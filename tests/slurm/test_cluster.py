@@ -94,3 +94,4 @@ def test_signal_checkpoint_requeue_resume(slurm_env, tmp_path):
         assert len(a.files) == 4
         for key in a.files:
             np.testing.assert_array_equal(a[key], b[key])
+
