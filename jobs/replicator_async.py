@@ -26,6 +26,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=60, help="steps each group takes")
 parser.add_argument("--groups", type=int, default=2)
 parser.add_argument("--exchange-every", type=int, default=1)
+parser.add_argument("--delta-scale", type=float, default=None, help="default: 1/groups")
 parser.add_argument("--batch-size", type=int, default=16, help="per replica")
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--slow-group", type=int, default=-1, help="group that sleeps (-1: none)")
@@ -38,7 +39,7 @@ args = parser.parse_args()
 FEATURES = 8
 hvd.init()
 rep = Replicator(SyncGroups(num_groups=min(args.groups, hvd.size()),
-                            exchange_every=args.exchange_every))
+                            exchange_every=args.exchange_every, delta_scale=args.delta_scale))
 # While the Replicator is open hvd.rank()/hvd.size() are this rank's place in its sync group;
 # the job-wide replica id is the Replicator's.
 rank = rep.local_replica_ids[0]

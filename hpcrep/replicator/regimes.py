@@ -12,8 +12,14 @@ the group only. The groups share their parameters through a parameter store on o
 trainable variables moved since its previous exchange, times ``delta_scale``) to the store and
 takes back the store's value, then broadcasts it within the group, whose replicas adopt it.
 Nobody waits for another group: a slow group's deltas arrive late (stale, as in Downpour SGD)
-but never stall a fast group. With ``delta_scale=1`` every group's update counts in full;
-``1/num_groups`` averages the groups' progress instead.
+but never stall a fast group.
+
+``delta_scale`` trades speed for safety. The default, ``1/num_groups``, moves the store by the
+groups' average progress: model averaging when groups run at equal rates, and never an
+overshoot, however rare the exchanges. ``1.0`` counts every group's delta in full (Downpour,
+TF-Replicator's asynchronous updates): fastest with an exchange every step, but with rare
+exchanges the groups' deltas add up (measured: two groups each converged on a linear
+regression over 200 steps, exchanging only at the end, summed to a model as bad as the start).
 
 The exchange runs in the step as a ``tf.cond`` on a step counter variable, so it happens eagerly
 and inside ``tf.function`` alike.
@@ -46,20 +52,28 @@ class SyncGroups:
     Attributes:
         num_groups: number of sync groups (between 1 and the number of ranks).
         exchange_every: steps between two parameter exchanges of a group (>= 1).
-        delta_scale: factor applied to a group's parameter delta before it joins the store.
+        delta_scale: factor applied to a group's parameter delta before it joins the store;
+            None (default) means ``1 / num_groups``.
         store_rank: rank that hosts the parameter store.
     """
 
     num_groups: int = 2
     exchange_every: int = 1
-    delta_scale: float = 1.0
+    delta_scale: Optional[float] = None
     store_rank: int = 0
 
     def __post_init__(self) -> None:
         if int(self.exchange_every) < 1:
             raise ReplicatorError(f"exchange_every must be >= 1, got {self.exchange_every}")
-        if not np.isfinite(self.delta_scale) or self.delta_scale <= 0:
-            raise ReplicatorError(f"delta_scale must be a positive number, got {self.delta_scale}")
+        if self.delta_scale is not None and not (np.isfinite(self.delta_scale)
+                                                 and self.delta_scale > 0):
+            raise ReplicatorError(f"delta_scale must be a positive number or None, got "
+                                  f"{self.delta_scale}")
+
+    @property
+    def scale(self) -> float:
+        """The factor actually applied to deltas (``delta_scale`` or ``1 / num_groups``)."""
+        return 1.0 / self.num_groups if self.delta_scale is None else float(self.delta_scale)
 
 
 def as_regime(regime: Any) -> Any:
@@ -142,7 +156,7 @@ class GroupRuntime:
         payload = np.zeros(n + self.config.num_groups, np.float64)
         if self.layout.group_rank == 0:
             flat = self._flatten(arrays)
-            delta = (flat - self._anchor) * self.config.delta_scale
+            delta = (flat - self._anchor) * self.config.scale
             steps_now = int(step)
             params, counts = self.store.exchange(delta, self.layout.group_id,
                                                  steps_now - self._reported)

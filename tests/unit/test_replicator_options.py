@@ -35,6 +35,7 @@ def test_regimes():
         as_regime("hogwild")
     with pytest.raises(ReplicatorError, match="exchange_every must be >= 1"):
         SyncGroups(exchange_every=0)
+    assert SyncGroups(num_groups=4).scale == 0.25 and SyncGroups(delta_scale=1.0).scale == 1.0
     with pytest.raises(ReplicatorError, match="delta_scale must be a positive"):
         SyncGroups(delta_scale=0.0)
 
