@@ -32,7 +32,7 @@ def sbatch(options: JobOptions, env: dict) -> str:
 
 @pytest.mark.timeout(300)
 def test_srun_starts_four_ranks_of_world_size_four(slurm_env, tmp_path):
-    out = tmp_path / "world.out"
+    out = tmp_path / "world out.txt"  # a space: the #SBATCH --output value is quoted
     code = ("import hpcrep.comm as hc; hc.init(); "
             "print(f'rank {hc.rank()} size {hc.size()} local {hc.local_rank()}', flush=True)")
     job = sbatch(JobOptions(command=(sys.executable, "-c", code), job_name="hpcrep-world",
