@@ -210,8 +210,9 @@ class Replicator:
             with ctx_mod.active(self._replica_context(i)):
                 results.append(step_fn(*call_args, **call_kwargs))
         if self._group:
-            deps = [t for t in tf.nest.flatten(results) if isinstance(t, (tf.Tensor,
-                                                                          tf.Variable))]
+            # Stateful ops already run in program order inside tf.function; tying the exchange
+            # to the step's results also keeps it after steps made only of pure ops.
+            deps = [t for t in tf.nest.flatten(results) if isinstance(t, tf.Tensor)]
             with tf.control_dependencies(deps):
                 self._group.after_step()
         return PerReplica(tuple(results))
