@@ -7,7 +7,9 @@ import os
 import textwrap
 import time
 
-from transparent_helpers import PYTHON, run_ranks
+import pytest
+
+from transparent_helpers import PYTHON, run_ranks, scratch_dir
 
 N = 4
 
@@ -27,6 +29,13 @@ SCRIPT = textwrap.dedent("""
         {action}
     model.fit(x, x[:, :1], batch_size=1, epochs=1000, verbose=0)
     """)
+
+
+@pytest.fixture
+def tmp_path():
+    """Our own scratch directory (see transparent_helpers.scratch_dir)."""
+    with scratch_dir("failures") as path:
+        yield path
 
 
 def run_script(tmp_path, action: str, bad: int = 2):

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from transparent_helpers import PYTHON, REPO, run_ranks
+from transparent_helpers import PYTHON, REPO, run_ranks, scratch_dir
 
 N = 4
 PROBE = REPO / "tests" / "launch" / "probe.py"
@@ -22,13 +22,13 @@ JOBS = {
 
 
 @pytest.fixture(scope="module", params=sorted(JOBS))
-def job(request, tmp_path_factory):
+def job(request):
     script = request.param
-    out = tmp_path_factory.mktemp(script.replace(".py", ""))
-    proc = run_ranks(N, [PYTHON, str(PROBE), str(out), str(REPO / "jobs" / script),
-                         *JOBS[script]], timeout=300)
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
-    return script, out, proc
+    with scratch_dir(script.replace(".py", "")) as out:
+        proc = run_ranks(N, [PYTHON, str(PROBE), str(out), str(REPO / "jobs" / script),
+                             *JOBS[script]], timeout=280)
+        assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
+        yield script, out, proc
 
 
 def test_every_rank_ends_with_the_same_weights(job):

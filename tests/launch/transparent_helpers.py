@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -27,3 +30,15 @@ def run_ranks(n: int, command: list[str], timeout: float = 240, cwd=None,
                     f"stdout: {exc.stdout}\nstderr: {exc.stderr}")
 
 PYTHON = sys.executable
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    """A temporary directory of our own: pytest's ``tmp_path`` roots are pruned by any other
+    pytest session of the same user (only the newest 3 are kept), which on a machine shared by
+    several developers can delete a directory while our MPI job writes into it."""
+    path = tempfile.mkdtemp(prefix=f"hpcrep-{prefix}-")
+    try:
+        yield Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
