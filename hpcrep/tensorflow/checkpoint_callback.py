@@ -183,3 +183,13 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self._signal is not None:
             self._signal.close()
             self._signal = None
+
+
+def callback_from_settings() -> Optional[CheckpointCallback]:
+    """Return a :class:`CheckpointCallback` on ``HPCREP_CHECKPOINT_DIR``, or None if it is unset.
+
+    Transparent mode adds it to every ``fit``, so an unchanged script saves each epoch and
+    resumes from the newest good checkpoint when rerun. Local (constructing talks to no one).
+    """
+    directory = config.get("HPCREP_CHECKPOINT_DIR")
+    return CheckpointCallback(directory) if directory else None

@@ -6,7 +6,8 @@
 logs averaged across ranks before any user callback reads them, file-writing callbacks kept on
 rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks. ``predict`` shards and
 returns the full predictions, in input order, on every rank. ``compile`` forces
-``jit_compile=False``: the collectives cannot be compiled by XLA.
+``jit_compile=False``: the collectives cannot be compiled by XLA. With ``HPCREP_CHECKPOINT_DIR``
+set, ``fit`` resumes from the newest good checkpoint there and saves every epoch.
 
 Calls that Keras makes from inside a patched call (``fit`` runs ``evaluate`` for validation) pass
 straight through.
@@ -24,6 +25,7 @@ import keras
 import numpy as np
 
 from hpcrep import comm
+from hpcrep.tensorflow.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                MetricAverageCallback, average_logs)
 from hpcrep.tensorflow.transparent import sharding
@@ -66,13 +68,14 @@ class AgreeOnRestoredState(keras.callbacks.Callback):
         model._initial_epoch = comm.broadcast_object(getattr(model, "_initial_epoch", None), 0)
 
 
-def distributed_callbacks(callbacks: Any) -> list:
+def distributed_callbacks(callbacks: Any, checkpoint: Optional[keras.callbacks.Callback] = None
+                          ) -> list:
     """Return the callback list ``fit`` runs on this rank.
 
     Order matters: the broadcast runs before anything trains, the averaging before any user
     callback reads the logs. Every rank decides the same list apart from the rank-0-only writers.
-    A new hpcrep callback (for example HPCREP_CHECKPOINT_DIR's checkpointing) is one more entry
-    in the list below.
+    ``checkpoint`` (HPCREP_CHECKPOINT_DIR's :class:`CheckpointCallback`) runs on every rank: its
+    saves and signal handling are collective.
     """
     user = list(callbacks) if isinstance(callbacks, (list, tuple)) else (
         [] if callbacks is None else [callbacks])
@@ -80,7 +83,8 @@ def distributed_callbacks(callbacks: Any) -> list:
     kept = user if comm.rank() == 0 else [cb for cb in user
                                           if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
     return [BroadcastGlobalVariablesCallback(root_rank=0), MetricAverageCallback(), *kept,
-            *([AgreeOnRestoredState()] if restores else [])]
+            *([AgreeOnRestoredState()] if restores else []),
+            *([checkpoint] if checkpoint is not None else [])]
 
 
 def _bind(original: Callable, self: Any, args: tuple, kwargs: dict) -> inspect.BoundArguments:
@@ -145,7 +149,12 @@ def install(patches: PatchSet) -> None:
         a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
             a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True)
         a["validation_data"] = _shard_validation(a["validation_data"], rank, size)
-        a["callbacks"] = distributed_callbacks(a["callbacks"])
+        checkpoint = callback_from_settings()
+        if checkpoint is not None and self.built:
+            # Restoring before fit lets fit skip the epochs already done; an unbuilt model is
+            # restored by the callback at train begin (weights only, epochs counted afresh).
+            a["initial_epoch"] = max(a["initial_epoch"], checkpoint.restore(self))
+        a["callbacks"] = distributed_callbacks(a["callbacks"], checkpoint)
         _quiet_off_root(a)
         with _loop():
             return original_fit(*bound.args, **bound.kwargs)
