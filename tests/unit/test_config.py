@@ -8,7 +8,7 @@ from hpcrep.errors import ConfigError
 
 def test_defaults_and_parsing(monkeypatch):
     monkeypatch.delenv("HPCREP_FUSION_THRESHOLD", raising=False)
-    assert config.get("HPCREP_FUSION_THRESHOLD") == 64 << 20
+    assert config.get("HPCREP_FUSION_THRESHOLD") == 16 << 20
     for text, value in [("4k", 4096), ("1MiB", 1 << 20), ("123", 123), ("0", 0)]:
         monkeypatch.setenv("HPCREP_FUSION_THRESHOLD", text)
         assert config.get("HPCREP_FUSION_THRESHOLD") == value
