@@ -9,6 +9,8 @@ import os
 import platform
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 from bench.sync import MODES, Synchronizer, make_synchronizer
 from bench.timing import time_steps
 
@@ -62,6 +64,12 @@ def environment() -> dict[str, Any]:
             "mpi": MPI.Get_library_version().splitlines()[0]}
 
 
+def gradient_summary(variables: Sequence[Any]) -> dict[str, int]:
+    """Return what one gradient exchange of ``variables`` moves: bytes (fp32) and tensor count."""
+    return {"grad_bytes": sum(int(np.prod(v.shape)) * 4 for v in variables),
+            "grad_tensors": len(variables)}
+
+
 def write_result(path: Optional[str], result: dict) -> None:
     """Rank 0 writes ``result`` (plus the environment) to ``path`` as JSON; others do nothing."""
     from mpi4py import MPI  # noqa: PLC0415
@@ -80,7 +88,6 @@ def weights_agree(variables: Sequence[Any]) -> bool:
 
     Collective: every rank must call this.
     """
-    import numpy as np  # noqa: PLC0415
 
     from hpcrep import comm  # noqa: PLC0415
 

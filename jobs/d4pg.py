@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from bench.job import (add_bench_arguments, parse_modes, run_modes, weights_agree,  # noqa: E402
+from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes, weights_agree,  # noqa: E402
                        write_result)
 from bench.sync import MODES  # noqa: E402
 
@@ -132,8 +132,7 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
     params = agent.trainable_variables
     write_result(args.bench_json, {
         "model": "d4pg", "unit": "transitions/s", "runs": runs,
-        "grad_bytes": sum(int(np.prod(v.shape)) * 4 for v in params),
-        "grad_tensors": len(params), "config": vars(args)})
+        **gradient_summary(params), "config": vars(args)})
     return 0
 
 

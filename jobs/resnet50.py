@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from bench.job import (add_bench_arguments, parse_modes, run_modes, weights_agree,  # noqa: E402
+from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes, weights_agree,  # noqa: E402
                        write_result)
 from bench.sync import MODES  # noqa: E402
 
@@ -140,10 +140,8 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
         return step
 
     runs = run_modes(factory, modes, args.steps, args.warmup, args.batch * size)
-    grad_bytes = sum(int(np.prod(v.shape)) * 4 for v in clf.model.trainable_variables)
     write_result(args.bench_json, {"model": "resnet50", "unit": "images/s", "runs": runs,
-                                   "grad_bytes": grad_bytes,
-                                   "grad_tensors": len(clf.model.trainable_variables),
+                                   **gradient_summary(clf.model.trainable_variables),
                                    "config": vars(args)})
     return 0
 
