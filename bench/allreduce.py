@@ -10,8 +10,9 @@ and for ResNet-50's real gradient set (the trainable variables of
 - ``hpcrep_numpy``: :func:`hpcrep.comm.allreduce` (Sum) on numpy;
 - ``hpcrep_tf``: ``hvd.grouped_allreduce`` (Sum) of TF tensors inside ``tf.function``.
 
-Each figure is the median over repetitions of the slowest rank's time. A single-process memcpy of
-256 MB gives the ceiling for shared-memory reductions on this machine.
+Each figure is the median over repetitions of the slowest rank's time; the four variants take
+turns within each repetition. A single-process memcpy of 256 MB gives the ceiling for
+shared-memory reductions on this machine.
 """
 
 from __future__ import annotations
@@ -54,17 +55,24 @@ def _reps_for(nbytes: int, quick: bool) -> int:
     return int(max(3, min(200 if not quick else 50, budget / per_op)))
 
 
-def _median_slowest(comm: Any, fn: Callable[[], Any], reps: int) -> float:
-    """Median over ``reps`` of the slowest rank's time for ``fn`` (ms). Collective."""
+def _interleaved_medians(comm: Any, variants: dict[str, Callable[[], Any]], reps: int
+                         ) -> dict[str, float]:
+    """Median over ``reps`` of the slowest rank's time of each variant, in ms. Collective.
+
+    The variants take turns within every repetition, so a slow spell on this shared 2-core
+    machine hits all of them alike and the ratios between them stay fair.
+    """
     from mpi4py import MPI  # noqa: PLC0415
 
-    fn()  # warm-up: first-touch pages, traces, pools
-    times = np.empty(reps)
+    for fn in variants.values():
+        fn()  # warm-up: first-touch pages, traces, pools
+    times = np.empty((len(variants), reps))
     for i in range(reps):
-        comm.Barrier()
-        times[i] = _timed(fn)
+        for k, fn in enumerate(variants.values()):
+            comm.Barrier()
+            times[k, i] = _timed(fn)
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return float(np.median(times) * 1e3)
+    return {name: float(np.median(times[k]) * 1e3) for k, name in enumerate(variants)}
 
 
 def worker(quick: bool) -> dict:
@@ -88,13 +96,13 @@ def worker(quick: bool) -> dict:
         out = np.empty_like(flat)
         tensors = [tf.constant(a) for a in arrays]
         graph = tf.function(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Sum))
-        row = {"bytes": int(total), "tensors": len(arrays), "reps": reps}
-        row["raw_ms"] = _median_slowest(comm, lambda: comm.Allreduce(flat, out), reps)
-        row["raw_inplace_ms"] = _median_slowest(
-            comm, lambda: comm.Allreduce(MPI.IN_PLACE, out), reps)
-        row["hpcrep_numpy_ms"] = _median_slowest(
-            comm, lambda: hvd_comm.grouped_allreduce(arrays, hvd_comm.Sum), reps)
-        row["hpcrep_tf_ms"] = _median_slowest(comm, lambda: graph(tensors), reps)
+        row: dict[str, Any] = {"bytes": int(total), "tensors": len(arrays), "reps": reps}
+        row.update(_interleaved_medians(comm, {
+            "raw_ms": lambda: comm.Allreduce(flat, out),
+            "raw_inplace_ms": lambda: comm.Allreduce(MPI.IN_PLACE, out),
+            "hpcrep_numpy_ms": lambda: hvd_comm.grouped_allreduce(arrays, hvd_comm.Sum),
+            "hpcrep_tf_ms": lambda: graph(tensors),
+        }, reps))
         return row
 
     import hpcrep.comm as hvd_comm  # noqa: PLC0415
