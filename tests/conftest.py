@@ -23,7 +23,7 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
-@pytest.fixture(name="skip_missing")
+@pytest.fixture(name="skip_missing", scope="session")
 def skip_missing_fixture():
     """Return ``skip(what)``: skip the test because ``what`` is absent (a failure under CI=true)."""
 

@@ -79,12 +79,9 @@ def test_convert_npz_and_npy(tmp_path, capsys):
     assert "nothing to convert" in capsys.readouterr().err
 
 
-def test_convert_fashion_mnist(tmp_path):
+def test_convert_fashion_mnist(tmp_path, skip_missing):
     if not os.path.isdir("/usr/share/datasets/fashion-mnist"):
-        reason = "Debian's dataset-fashion-mnist is not installed (tools/install.sh installs it)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI=true: " + reason)
-        pytest.skip(reason)
+        skip_missing("Debian's dataset-fashion-mnist (tools/install.sh installs it)")
     out = str(tmp_path / "f.h5")
     assert hpcrep_main(["data", "convert", "--fashion-mnist", "-o", out]) == 0
     with h5py.File(out) as f:
