@@ -47,6 +47,19 @@ def in_xla_context() -> bool:
     return control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph())
 
 
+def require_no_xla(name: str) -> None:
+    """Raise a clear error if collective ``name`` is being traced for XLA compilation.
+
+    Checked at every world size, including 1 where no message is sent, so that a script that
+    works on one rank does not fail only when scaled out. Local.
+    """
+    if in_xla_context():
+        raise HpcrepError(
+            f"hpcrep collective {name!r} is being compiled with XLA (jit_compile=True), which cannot "
+            "call MPI. Compile the step without XLA: model.compile(..., jit_compile=False) or "
+            "tf.function(jit_compile=False). hpcrep.tensorflow.transparent() does this for you.")
+
+
 def host_call(fn: Callable[..., Sequence], tensors: Sequence[tf.Tensor],
               out_dtypes: Sequence[tf.DType], out_shapes: Optional[Sequence] = None,
               name: str = "hpcrep") -> list[tf.Tensor]:
@@ -55,11 +68,7 @@ def host_call(fn: Callable[..., Sequence], tensors: Sequence[tf.Tensor],
     ``out_shapes`` (one ``tf.TensorShape`` or None per output) restores the static shapes that
     ``tf.numpy_function`` loses. Local; ``fn`` itself is usually collective.
     """
-    if in_xla_context():
-        raise HpcrepError(
-            f"hpcrep collective {name!r} is being compiled with XLA (jit_compile=True), which cannot "
-            "call MPI. Compile the step without XLA: model.compile(..., jit_compile=False) or "
-            "tf.function(jit_compile=False). hpcrep.tensorflow.transparent() does this for you.")
+    require_no_xla(name)
     outs = tf.numpy_function(lambda *a: list(fn(*a)), list(tensors), list(out_dtypes),
                              stateful=True, name=name)
     if not isinstance(outs, (list, tuple)):

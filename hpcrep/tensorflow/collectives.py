@@ -21,7 +21,7 @@ from hpcrep import comm
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow import fused
-from hpcrep.tensorflow.bridge import host_call
+from hpcrep.tensorflow.bridge import host_call, require_no_xla
 from hpcrep.tensorflow.compression import Compression, Compressor
 
 
@@ -36,6 +36,11 @@ def _resolve_op(average: Optional[bool], op: Any) -> ReduceOp:
 
 def _host_grouped_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
                             name: Optional[str]) -> list[tf.Tensor]:
+    if comm.size() == 1 and (pre * post == 1.0 or all(t.dtype.is_floating for t in tensors)):
+        # One rank: every reduction is the identity, so skip the host round trip entirely.
+        require_no_xla("hpcrep_allreduce")
+        scale = pre * post
+        return [tf.identity(t) if scale == 1.0 else t * tf.cast(scale, t.dtype) for t in tensors]
     if fused.can_fuse(tensors):
         return fused.fused_allreduce(tensors, op, pre, post, name)
 
