@@ -25,15 +25,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("resnet50", "sngan", "d4pg")
 MODES = ("hpcrep", "nosync", "mpi4py")
 
-# Per-model job arguments: quick mode (make bench, minutes on 2 cores) and full mode.
+# Per-model job arguments: quick mode (make bench, minutes on 2 cores) and full mode. Quick mode
+# times 15 steps (100 for D4PG's short steps): with 5, two runs on the same quiet machine gave
+# 2-rank efficiencies of 0.99 and 0.63 for the same model.
 SETTINGS: dict[str, dict[bool, list[str]]] = {
-    "resnet50": {True: ["--image-size", "32", "--batch", "8", "--steps", "5", "--warmup", "2"],
+    "resnet50": {True: ["--image-size", "32", "--batch", "8", "--steps", "15", "--warmup", "2"],
                  False: ["--image-size", "64", "--batch", "32", "--steps", "20", "--warmup", "3"]},
     "sngan": {True: ["--image-size", "16", "--g-ch", "32", "--d-ch", "32", "--batch", "16",
-                     "--n-dis", "1", "--steps", "5", "--warmup", "2"],
+                     "--n-dis", "1", "--steps", "15", "--warmup", "2"],
               False: ["--image-size", "32", "--g-ch", "64", "--d-ch", "64", "--batch", "32",
                       "--n-dis", "5", "--steps", "10", "--warmup", "2"]},
-    "d4pg": {True: ["--batch", "128", "--min-replay", "500", "--steps", "30", "--warmup", "5"],
+    "d4pg": {True: ["--batch", "128", "--min-replay", "500", "--steps", "100", "--warmup", "10"],
              False: ["--batch", "256", "--min-replay", "2000", "--steps", "200", "--warmup",
                      "20"]},
 }
