@@ -52,19 +52,22 @@ def test_n_step_adder_discounts_and_flushes_at_episode_end():
 def test_spectral_norm_divides_by_the_largest_singular_value():
     from bench.models.spectral_norm import SNConv2D, SNDense
 
+    # Power iteration's error shrinks like (sigma2/sigma1)^(2k): with an unlucky random kernel
+    # 30 steps missed 1e-3, so fix the seed and take 100.
+    tf.keras.utils.set_random_seed(1)
     layer = SNDense(7)
     x = tf.random.normal((4, 5))
     layer(x)
     u0 = np.array(layer.u)
     np.testing.assert_array_equal(np.array(layer.u), u0)  # inference does not touch u
-    for _ in range(30):
+    for _ in range(100):
         layer(x, training=True)
     assert not np.allclose(np.array(layer.u), u0)
     w = layer.normalized_kernel(training=False).numpy()
     np.testing.assert_allclose(np.linalg.svd(w, compute_uv=False)[0], 1.0, rtol=1e-3)
     conv = SNConv2D(6, 3)
     img = tf.random.normal((2, 8, 8, 4))
-    for _ in range(30):
+    for _ in range(100):
         conv(img, training=True)
     w = conv.normalized_kernel(training=False).numpy().reshape(-1, 6)
     np.testing.assert_allclose(np.linalg.svd(w, compute_uv=False)[0], 1.0, rtol=1e-3)
