@@ -39,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-step", type=int, default=5)
     p.add_argument("--sigma", type=float, default=0.3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="enable TensorFlow op determinism: with --seed, a run is reproducible")
     p.add_argument("--sync", choices=list(MODES), default="hpcrep")
     p.add_argument("--min-return", type=float, default=-float("inf"))
     p.add_argument("--last-episodes", type=int, default=5)
@@ -66,6 +68,8 @@ def train(args: argparse.Namespace) -> int:
     from bench.sync import make_synchronizer  # noqa: PLC0415
 
     rank, size = hvd.rank(), hvd.size()
+    if args.deterministic:
+        tf.config.experimental.enable_op_determinism()
     tf.random.set_seed(args.seed + rank)
     env = make_env(args.env, args.seed + rank)
     agent, replay, adder = build(args, env, rank)

@@ -75,16 +75,16 @@ def test_sngan_losses_bounded_and_samples_differ_by_class(tmp_path, skip_missing
 
 
 @pytest.mark.timeout(900)
-def test_d4pg_raises_pendulum_return(tmp_path):
+def test_d4pg_raises_pendulum_return(tmp_path, skip_missing):
     try:
         import gymnasium  # noqa: F401
     except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("gymnasium is missing (setup.cfg extra 'bench'; tools/install.sh)")
-        pytest.skip("gymnasium is not installed: pip install gymnasium")
-    r = run_job("d4pg.py", ["--env-steps", "3000", "--min-replay", "1000", "--batch", "256",
-                            "--last-episodes", "3", "--min-return", "-700"], tmp_path,
-                timeout=850)
+        skip_missing("gymnasium (setup.cfg extra 'bench'; tools/install.sh installs it)")
+    # --deterministic: without op determinism 1 run in 4 never learned in 3000 steps (returns
+    # stayed near -1300); with it, 6 runs of 6 ended between -198 and -207.
+    r = run_job("d4pg.py", ["--deterministic", "--env-steps", "3000", "--min-replay", "1000",
+                            "--batch", "256", "--last-episodes", "3", "--min-return", "-700"],
+                tmp_path, timeout=850)
     assert r["ranks"] == 2 and r["weights_agree"]
     assert len(r["returns"]) == 15  # 200-step episodes
     # A random policy scores about -1200 on Pendulum-v1; -700 needs a policy that swings up.
