@@ -173,6 +173,17 @@ def _pyplot():
     return plt
 
 
+def _save_figure(fig, axes, path: str) -> str:
+    """Add grid and legend to ``axes``, write ``fig`` to ``path`` as PNG, close it; return path."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path
+
+
 def _plot_model(name: str, model: dict, out: str) -> str:
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -186,14 +197,7 @@ def _plot_model(name: str, model: dict, out: str) -> str:
     ax1.set(xlabel="ranks", ylabel=model.get("unit", "throughput"), title=f"{name}: throughput")
     ax2.set(xlabel="ranks", ylabel="efficiency vs 1 rank", title=f"{name}: weak-scaling efficiency",
             ylim=(0, 1.2))
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    path = os.path.join(out, f"{name}_scaling.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, (ax1, ax2), os.path.join(out, f"{name}_scaling.png"))
 
 
 def _plot_allreduce(allreduce: dict, out: str) -> Optional[str]:
@@ -211,13 +215,7 @@ def _plot_allreduce(allreduce: dict, out: str) -> Optional[str]:
     ax.axhline(allreduce["memcpy_gbps"], color="k", lw=1, label="memcpy ceiling")
     ax.set(xscale="log", xlabel="message bytes", ylabel="GB/s (bytes / time)",
            title="allreduce bandwidth vs message size")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    path = os.path.join(out, "allreduce_bandwidth.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, (ax,), os.path.join(out, "allreduce_bandwidth.png"))
 
 
 def _plot_projection(proj: dict, out: str) -> Optional[str]:
@@ -233,10 +231,4 @@ def _plot_projection(proj: dict, out: str) -> Optional[str]:
            title=f"projection on {proj['network']['bandwidth_gbps']} GB/s, "
                  f"{proj['network']['latency_us']} us")
     ax.set_xticks(proj["ranks"], [str(p) for p in proj["ranks"]])
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    path = os.path.join(out, "projection.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, (ax,), os.path.join(out, "projection.png"))

@@ -45,10 +45,6 @@ class Bucket:
 
 def padded_count(count: int, itemsize: int) -> int:
     """Return ``count`` rounded up so that ``count * itemsize`` is a multiple of ALIGN bytes."""
-    return _aligned_count(count, itemsize)
-
-
-def _aligned_count(count: int, itemsize: int) -> int:
     per = max(1, ALIGN // itemsize)
     return -(-count // per) * per
 
@@ -72,7 +68,7 @@ def plan(layout: tuple[tuple[tuple[int, ...], str], ...], threshold: int) -> tup
     for index, (shape, dtype_name) in enumerate(layout):
         itemsize = np.dtype(dtype_name).itemsize
         count = int(np.prod(shape, dtype=np.int64))
-        padded = _aligned_count(count, itemsize)
+        padded = padded_count(count, itemsize)
         used = open_len.get(dtype_name, 0)
         if used and (threshold <= 0 or (used + padded) * itemsize > threshold):
             close(dtype_name)

@@ -51,5 +51,5 @@ __all__ = [
     "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_variables",
     "barrier", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Compression",
     "DistributedOptimizer", "DistributedGradientTape", "SyncBatchNormalization",
-    "global_process_set",
+    "global_process_set", "transparent",
 ]

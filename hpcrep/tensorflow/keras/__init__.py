@@ -3,6 +3,5 @@
 from hpcrep.tensorflow import *  # noqa: F401,F403 - same names as horovod.tensorflow.keras
 from hpcrep.tensorflow import __all__ as _base_all
 from hpcrep.tensorflow.keras import callbacks
-from hpcrep.tensorflow.optimizer import DistributedOptimizer
 
 __all__ = list(_base_all) + ["callbacks"]
