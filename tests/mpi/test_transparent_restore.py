@@ -92,3 +92,21 @@ def test_training_inside_the_context_is_data_parallel(world):
     for other in everyone[1:]:
         for a, b in zip(everyone[0], other):
             np.testing.assert_array_equal(a, b)
+
+
+def test_plain_tf_variables_start_with_rank_zeros_value(world):
+    r, n = world
+    with transparent(announce=False):
+        weights = tf.Variable(np.full((2, 3), float(r), np.float32))
+        generator = tf.random.Generator.from_seed(100 + r)  # its state is a tf.Variable
+        layer = keras.layers.Dense(2)  # a Keras variable inside: broadcast once, not twice
+        layer.build((None, 3))
+        draws = generator.normal((4,)).numpy()
+    local = tf.Variable(float(r))  # after exit, creation is local again
+    np.testing.assert_array_equal(weights.numpy(), np.zeros((2, 3), np.float32))
+    everyone = hvd.allgather_object((draws, layer.get_weights(), float(local.numpy())))
+    for other in everyone[1:]:
+        np.testing.assert_array_equal(other[0], everyone[0][0])
+        for a, b in zip(other[1], everyone[0][1]):
+            np.testing.assert_array_equal(a, b)
+    assert [e[2] for e in everyone] == [float(i) for i in range(n)]

@@ -1,4 +1,5 @@
-"""Every variable starts with rank 0's value: patch Keras variable initialisation.
+"""Every variable starts with rank 0's value: patch Keras variable initialisation, and catch plain
+``tf.Variable`` creation.
 
 Keras 3 funnels every variable it creates (layer weights, optimizer slots, metric state, seed
 generators) through the TensorFlow backend's ``Variable._initialize``. The patch lets it run, then
@@ -11,7 +12,11 @@ Also agreed at start: TensorFlow's global random seed (rank 0 draws one), so tha
 without an explicit seed, such as ``Dataset.shuffle`` before sharding, produce the same sequence
 on every rank and the shards stay disjoint.
 
-Plain ``tf.Variable`` objects created outside Keras are not intercepted.
+Plain ``tf.Variable`` objects (a custom loop's own weights, a ``tf.random.Generator``'s state) are
+caught by a variable creator scope entered on the thread that enters transparent mode: each one
+created eagerly gets rank 0's value the same way. Variables a ``tf.function`` creates while it is
+being traced are not broadcast (their initial value only exists inside the graph); create them
+eagerly, or call :func:`hpcrep.tensorflow.broadcast_variables` on them.
 """
 
 from __future__ import annotations
@@ -53,6 +58,24 @@ def _broadcast_new_variable(variable: Any) -> None:
             broadcast_variables([variable], root_rank=0)
 
 
+def _broadcast_plain_variables(next_creator: Any, **kwargs: Any) -> Any:
+    """Variable creator: create the ``tf.Variable``, then give it rank 0's value when it was
+    created eagerly outside Keras (Keras variables are broadcast by the ``_initialize`` patch).
+    Collective for eagerly created variables: the ranks create the same ones in the same order."""
+    variable = next_creator(**kwargs)
+    if (comm.size() > 1 and not getattr(_local, "depth", 0) and tf.executing_eagerly()
+            and isinstance(variable, tf.Variable)):
+        broadcast_variables([variable], root_rank=0)
+    return variable
+
+
+def _enter_creator_scope(patches: PatchSet) -> None:
+    """Install :func:`_broadcast_plain_variables` on this thread until the patches are restored."""
+    scope = tf.variable_creator_scope(_broadcast_plain_variables)
+    scope.__enter__()
+    patches.on_restore(lambda: scope.__exit__(None, None, None))
+
+
 def install(patches: PatchSet) -> None:
     """Patch variable creation and agree on the global random seed.
 
@@ -62,11 +85,13 @@ def install(patches: PatchSet) -> None:
     original = vars(owner)["_initialize"]
 
     def _initialize(self: Any, value: Any) -> None:
-        original(self, value)
+        with local_only():  # the tf.Variable inside is broadcast once, below
+            original(self, value)
         if comm.size() > 1 and not getattr(_local, "depth", 0):
             _broadcast_new_variable(self._value)
 
     patches.attr(owner, "_initialize", _initialize)
+    _enter_creator_scope(patches)
     patches.label("variable initialisation (rank 0's values)")
 
     previous = tf_context.global_seed()
