@@ -3,7 +3,7 @@
 ``python -m hpcrep script.py`` runs the script inside :func:`transparent` on every rank;
 ``with hpcrep.tensorflow.transparent(): ...`` does the same from code. While it is active:
 
-- every Keras variable starts with rank 0's value (:mod:`.initial_values`);
+- every variable starts with rank 0's value (:mod:`.initial_values`);
 - every Keras optimizer applies gradients averaged across ranks (:mod:`.gradients`);
 - ``fit``/``evaluate``/``predict`` shard their inputs by rank with equal step counts, average
   logs and metrics, and keep file-writing callbacks on rank 0 (:mod:`.training`);
