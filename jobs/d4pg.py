@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--actor-update-period", type=int, default=100)
     p.add_argument("--n-step", type=int, default=5)
     p.add_argument("--sigma", type=float, default=0.3)
+    p.add_argument("--actor-lr", type=float, default=3e-4)
+    p.add_argument("--critic-lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="enable TensorFlow op determinism: with --seed, a run is reproducible")
@@ -53,7 +55,8 @@ def build(args, env, rank: int):
     from bench.models.d4pg import D4PG, D4PGConfig, NStepAdder, Replay  # noqa: PLC0415
 
     config = D4PGConfig(batch=args.batch, min_replay=args.min_replay, n_step=args.n_step,
-                        actor_update_period=args.actor_update_period, sigma=args.sigma)
+                        actor_update_period=args.actor_update_period, sigma=args.sigma,
+                        actor_lr=args.actor_lr, critic_lr=args.critic_lr)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     agent = D4PG(obs_dim, act_dim, config)
     replay = Replay(config.replay_capacity, obs_dim, act_dim, seed=args.seed + rank)
@@ -61,6 +64,7 @@ def build(args, env, rank: int):
 
 
 def train(args: argparse.Namespace) -> int:
+    import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
@@ -70,7 +74,9 @@ def train(args: argparse.Namespace) -> int:
     rank, size = hvd.rank(), hvd.size()
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
-    tf.random.set_seed(args.seed + rank)
+    # Keras 3 initialisers draw from Keras's own seed generator, not TensorFlow's global seed:
+    # this seeds Python, NumPy, TensorFlow and Keras together.
+    keras.utils.set_random_seed(args.seed + rank)
     env = make_env(args.env, args.seed + rank)
     agent, replay, adder = build(args, env, rank)
     hvd.broadcast_variables(agent.variables, root_rank=0)

@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--test-examples", type=int, default=2000)
     p.add_argument("--sync", choices=list(MODES), default="hpcrep")
     p.add_argument("--min-accuracy", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds Python, NumPy, TensorFlow and Keras (plus the rank)")
     p.add_argument("--result-json", help="rank 0 writes the training result here")
     p.add_argument("--port-base", type=int, default=23456, help="first port for --modes mwms")
     add_bench_arguments(p, extra_modes=["mwms"])
@@ -76,11 +78,14 @@ def build(args: argparse.Namespace, size: int, classes: int):
 
 
 def train(args: argparse.Namespace) -> int:
+    import keras  # noqa: PLC0415
+
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
     from bench.models import resnet  # noqa: PLC0415
     from bench.sync import make_synchronizer  # noqa: PLC0415
 
     rank, size = hvd.rank(), hvd.size()
+    keras.utils.set_random_seed(args.seed + rank)  # Keras 3 initialisers ignore tf.random.set_seed
     if args.dataset == "fashion-mnist":
         x, y, xt, yt = load_data(args, rank, size)
     else:

@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-dis", type=int, default=5)
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--iterations", type=int, default=100, help="generator updates")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds Python, NumPy, TensorFlow and Keras (plus the rank)")
     p.add_argument("--train-examples", type=int, default=0)
     p.add_argument("--sync", choices=list(MODES), default="hpcrep")
     p.add_argument("--result-json")
@@ -88,10 +90,13 @@ def build(args, x):
 
 
 def train(args: argparse.Namespace) -> int:
+    import keras  # noqa: PLC0415
+
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
     from bench.sync import make_synchronizer  # noqa: PLC0415
 
     rank, size = hvd.rank(), hvd.size()
+    keras.utils.set_random_seed(args.seed + rank)  # Keras 3 initialisers ignore tf.random.set_seed
     x, y = load(args, rank, size)
     gan = build(args, x)
     hvd.broadcast_variables(gan.variables, root_rank=0)
