@@ -8,7 +8,6 @@ loop saves a checkpoint and stops. :func:`requeue` then asks Slurm to run the jo
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from typing import Optional
@@ -17,6 +16,7 @@ import numpy as np
 
 from hpcrep import comm
 from hpcrep.errors import CheckpointError
+from hpcrep.launch import environment
 
 
 class PreemptionSignal:
@@ -59,12 +59,12 @@ class PreemptionSignal:
 
 def slurm_job_id() -> Optional[str]:
     """Return this job's Slurm id, or None outside Slurm."""
-    return os.environ.get("SLURM_JOB_ID")
+    return environment.slurm().job_id
 
 
 def restart_count() -> int:
     """Return how many times Slurm has requeued this job (0 on the first run or outside Slurm)."""
-    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return environment.slurm().restart_count or 0
 
 
 def requeue(job_id: Optional[str] = None) -> None:
