@@ -38,8 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--actor-update-period", type=int, default=100)
     p.add_argument("--n-step", type=int, default=5)
     p.add_argument("--sigma", type=float, default=0.3)
-    p.add_argument("--actor-lr", type=float, default=3e-4)
-    p.add_argument("--critic-lr", type=float, default=1e-3)
+    p.add_argument("--actor-lr", type=float, help="default: D4PGConfig's (1e-3)")
+    p.add_argument("--critic-lr", type=float, help="default: D4PGConfig's (1e-3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="enable TensorFlow op determinism: with --seed, a run is reproducible")
@@ -54,9 +54,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build(args, env, rank: int):
     from bench.models.d4pg import D4PG, D4PGConfig, NStepAdder, Replay  # noqa: PLC0415
 
+    rates = {k: v for k, v in (("actor_lr", args.actor_lr), ("critic_lr", args.critic_lr))
+             if v is not None}
     config = D4PGConfig(batch=args.batch, min_replay=args.min_replay, n_step=args.n_step,
-                        actor_update_period=args.actor_update_period, sigma=args.sigma,
-                        actor_lr=args.actor_lr, critic_lr=args.critic_lr)
+                        actor_update_period=args.actor_update_period, sigma=args.sigma, **rates)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     agent = D4PG(obs_dim, act_dim, config)
     replay = Replay(config.replay_capacity, obs_dim, act_dim, seed=args.seed + rank)

@@ -84,14 +84,17 @@ def test_d4pg_raises_pendulum_return(tmp_path, skip_missing):
         import gymnasium  # noqa: F401
     except ImportError:
         skip_missing("gymnasium (setup.cfg extra 'bench'; tools/install.sh installs it)")
-    # --deterministic: without op determinism 1 run in 4 never learned in 3000 steps (returns
-    # stayed near -1300); with it, 6 runs of 6 ended between -198 and -207.
-    r = run_job("d4pg.py", ["--deterministic", "--env-steps", "3000", "--min-replay", "1000",
-                            "--batch", "256", "--last-episodes", "3", "--min-return", "-700"],
+    # Seeded (--seed 0, Keras included) with op determinism, so a run repeats on one machine; the
+    # bar holds across seeds, not just this one: with the actor learning rate at 1e-3, 11 seeds
+    # of 11 learned by episode 12, the mean of the last 5 of 20 episodes between -121 and -215.
+    # (At 3e-4 and 3000 steps, 2 seeds in 9 stayed below -700; one CI run ended at -728.)
+    r = run_job("d4pg.py", ["--deterministic", "--seed", "0", "--env-steps", "4000",
+                            "--min-replay", "1000", "--batch", "256", "--last-episodes", "5",
+                            "--min-return", "-700"],
                 tmp_path, timeout=850)
     assert r["ranks"] == 2 and r["weights_agree"]
-    assert len(r["returns"]) == 15  # 200-step episodes
-    # A random policy scores about -1200 on Pendulum-v1; -700 needs a policy that swings up.
+    assert len(r["returns"]) == 20  # 200-step episodes
+    # A random policy scores about -1200 to -1500 here; -700 needs a policy that swings up.
     assert r["last_mean_return"] > -700, r["returns"]
     assert r["last_mean_return"] > r["first_return"] + 200
     assert r["returncode"] == 0
