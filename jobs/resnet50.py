@@ -103,7 +103,8 @@ def train(args: argparse.Namespace) -> int:
         order = np.random.default_rng(1000 * epoch + rank).permutation(len(x))
         for i in range(steps_per_epoch):
             idx = np.sort(order[i * args.batch:(i + 1) * args.batch])
-            clf.set_learning_rate(resnet.warmup_learning_rate(step, warmup_steps, peak, size))
+            clf.set_learning_rate(resnet.scheduled_learning_rate(
+                step, warmup_steps, args.epochs * steps_per_epoch, peak, size))
             loss, grads = clf.compute(x[idx], y[idx])
             clf.apply(sync(grads))
             losses.append(float(loss))

@@ -9,6 +9,8 @@ into :meth:`Classifier.compute` (forward + backward, compiled) and :meth:`Classi
 
 from __future__ import annotations
 
+import math
+
 from typing import Sequence
 
 import keras
@@ -63,6 +65,17 @@ def warmup_learning_rate(step: int, warmup_steps: int, peak_lr: float, ranks: in
     if warmup_steps <= 0 or step >= warmup_steps:
         return peak_lr
     return peak_lr / ranks * (step / warmup_steps * (ranks - 1) + 1)
+
+
+def scheduled_learning_rate(step: int, warmup_steps: int, total_steps: int, peak_lr: float,
+                            ranks: int) -> float:
+    """Warm-up (:func:`warmup_learning_rate`), then cosine decay from ``peak_lr`` to 0 at
+    ``total_steps``. Without a decay, the last weights of a short run are those of the peak rate
+    and the batch-norm statistics they are evaluated with lag behind them."""
+    if step < warmup_steps or total_steps <= warmup_steps:
+        return warmup_learning_rate(step, warmup_steps, peak_lr, ranks)
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return peak_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class Classifier:

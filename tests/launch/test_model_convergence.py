@@ -50,13 +50,13 @@ def test_resnet_style_net_learns_fashion_mnist(tmp_path, skip_missing):
     r = run_job("resnet50.py", ["--arch", "small", "--dataset", "fashion-mnist",
                                 "--train-examples", "6000", "--batch", "32", "--epochs", "3",
                                 "--base-lr", "0.4", "--test-examples", "1000",
-                                "--min-accuracy", "0.5"], tmp_path)
+                                "--min-accuracy", "0.65", "--seed", "0"], tmp_path)
     assert r["ranks"] == 2
     assert r["weights_agree"]
     assert r["last_loss"] < r["first_loss"]
-    # Chance is 0.1. Measured 0.655, 0.69 and 0.729: 0.5 clearly means "learned" and stays out
-    # of run-to-run noise (~0.03).
-    assert r["accuracy"] >= 0.5, r
+    # Chance is 0.1. With the cosine decay, seeds 0-5 measured 0.751-0.785 (without it, the last
+    # weights were the peak rate's and accuracy spread over 0.40-0.70).
+    assert r["accuracy"] >= 0.65, r
     assert r["returncode"] == 0
 
 

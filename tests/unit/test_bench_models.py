@@ -123,6 +123,18 @@ def test_resnet_warmup_matches_the_keras_callback_formula():
     assert warmup_learning_rate(100, 100, peak, 4) == pytest.approx(peak)
 
 
+def test_resnet_schedule_warms_up_then_decays_to_zero():
+    from bench.models.resnet import scheduled_learning_rate, warmup_learning_rate
+
+    peak = 0.2
+    assert scheduled_learning_rate(50, 100, 300, peak, 4) == warmup_learning_rate(50, 100, peak, 4)
+    assert scheduled_learning_rate(100, 100, 300, peak, 4) == pytest.approx(peak)
+    assert scheduled_learning_rate(200, 100, 300, peak, 4) == pytest.approx(peak / 2)
+    assert scheduled_learning_rate(300, 100, 300, peak, 4) == pytest.approx(0.0, abs=1e-12)
+    rates = [scheduled_learning_rate(s, 100, 300, peak, 4) for s in range(100, 301)]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
+
+
 def test_synchronizers_are_identity_on_one_rank_and_reject_unknown_modes():
     from bench.sync import make_synchronizer
 
