@@ -65,15 +65,16 @@ def test_sngan_losses_bounded_and_samples_differ_by_class(tmp_path, skip_missing
     need_fashion_mnist(skip_missing)
     r = run_job("sngan.py", ["--dataset", "fashion-mnist", "--image-size", "16", "--g-ch", "32",
                              "--d-ch", "32", "--batch", "16", "--n-dis", "1",
-                             "--iterations", "60", "--train-examples", "4000"], tmp_path)
+                             "--iterations", "60", "--train-examples", "4000", "--seed", "0"],
+                tmp_path)
     assert r["ranks"] == 2 and r["returncode"] == 0
     assert r["finite"] and len(r["d_losses"]) == 60
     assert r["max_abs_loss"] < 20.0, r["max_abs_loss"]
     # Conditional batch norm starts class-blind (gain 1, bias 0 for every class) ...
     assert r["class_separation_start"] < 1e-6
     # ... and after training the same noise gives different images per class ([-1, 1]). After 60
-    # iterations the separation measured 0.032-0.104 over 5 runs, so a bar of 0.05 failed about
-    # half the time; 0.01 is 10^4 x the class-blind start and a third of the lowest seen.
+    # iterations the separation measured 0.032-0.104 over 5 unseeded runs and 0.067-0.106 for
+    # seeds 0-4; 0.01 is 10^4 x the class-blind start and a third of the lowest seen.
     assert r["class_separation"] > 0.01, r["class_separation"]
     assert r["weights_agree"]
 
