@@ -38,8 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--actor-update-period", type=int, default=100)
     p.add_argument("--n-step", type=int, default=5)
     p.add_argument("--sigma", type=float, default=0.3)
-    p.add_argument("--actor-lr", type=float, help="default: D4PGConfig's (1e-3)")
-    p.add_argument("--critic-lr", type=float, help="default: D4PGConfig's (1e-3)")
+    p.add_argument("--actor-lr", type=float, help="default: D4PGConfig's")
+    p.add_argument("--critic-lr", type=float, help="default: D4PGConfig's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="enable TensorFlow op determinism: with --seed, a run is reproducible")

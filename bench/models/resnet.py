@@ -10,7 +10,6 @@ into :meth:`Classifier.compute` (forward + backward, compiled) and :meth:`Classi
 from __future__ import annotations
 
 import math
-
 from typing import Sequence
 
 import keras

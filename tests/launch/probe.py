@@ -54,7 +54,7 @@ def main() -> int:
 
     def shard_dataset(ds, rank, size, equal, **kwargs):
         result = original_dataset(ds, rank, size, equal, **kwargs)
-        with training._loop():  # iterate without transparent mode's own sharding
+        with training._keras_loop.enter():  # iterate without transparent mode's own sharding
             records.append({"kind": "dataset", "equal": equal, "full": rows_of(ds),
                             "mine": rows_of(result)})
         return result

@@ -21,31 +21,29 @@ eagerly, or call :func:`hpcrep.tensorflow.broadcast_variables` on them.
 
 from __future__ import annotations
 
-import contextlib
 import random
-import threading
-from typing import Any, Iterator
+from typing import Any, ContextManager
 
 import keras
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 
 from hpcrep import comm
-from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
+from hpcrep.tensorflow.transparent.patching import PatchSet, ThreadRegion, defining_class
 from hpcrep.tensorflow.variables import broadcast_variables
 
 
-_local = threading.local()
+_local_creation = ThreadRegion()
 
 
-@contextlib.contextmanager
-def local_only() -> Iterator[None]:
+def local_only() -> ContextManager[None]:
     """Create variables without broadcasting them, e.g. while rank 0 alone saves a model."""
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _local.depth -= 1
+    return _local_creation.enter()
+
+
+def _broadcasting() -> bool:
+    """True when a variable created now on this thread must get rank 0's value."""
+    return comm.size() > 1 and not _local_creation.active
 
 
 def _broadcast_new_variable(variable: Any) -> None:
@@ -63,8 +61,7 @@ def _broadcast_plain_variables(next_creator: Any, **kwargs: Any) -> Any:
     created eagerly outside Keras (Keras variables are broadcast by the ``_initialize`` patch).
     Collective for eagerly created variables: the ranks create the same ones in the same order."""
     variable = next_creator(**kwargs)
-    if (comm.size() > 1 and not getattr(_local, "depth", 0) and tf.executing_eagerly()
-            and isinstance(variable, tf.Variable)):
+    if _broadcasting() and tf.executing_eagerly():
         broadcast_variables([variable], root_rank=0)
     return variable
 
@@ -87,7 +84,7 @@ def install(patches: PatchSet) -> None:
     def _initialize(self: Any, value: Any) -> None:
         with local_only():  # the tf.Variable inside is broadcast once, below
             original(self, value)
-        if comm.size() > 1 and not getattr(_local, "depth", 0):
+        if _broadcasting():
             _broadcast_new_variable(self._value)
 
     patches.attr(owner, "_initialize", _initialize)

@@ -7,7 +7,9 @@ undo step and raises the first error afterwards.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
 
 _MISSING = object()
 
@@ -67,3 +69,25 @@ class PatchSet:
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+
+class ThreadRegion:
+    """A per-thread, nestable region: ``with region.enter(): ...`` marks it; :attr:`active` says
+    whether the calling thread is inside one (another thread's regions do not count)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @property
+    def active(self) -> bool:
+        """True while this thread is inside at least one :meth:`enter`."""
+        return getattr(self._local, "depth", 0) > 0
+
+    @contextlib.contextmanager
+    def enter(self) -> Iterator[None]:
+        """Mark the body as inside the region (nesting allowed)."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1

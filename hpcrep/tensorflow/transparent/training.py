@@ -15,11 +15,9 @@ straight through.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import keras
 import numpy as np
@@ -29,7 +27,7 @@ from hpcrep.tensorflow.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                MetricAverageCallback, average_logs)
 from hpcrep.tensorflow.transparent import sharding
-from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
+from hpcrep.tensorflow.transparent.patching import PatchSet, ThreadRegion, defining_class
 from hpcrep.tensorflow.variables import broadcast_variables
 
 # Callbacks that write files or summaries: they run on rank 0 only.
@@ -38,21 +36,12 @@ ROOT_ONLY_CALLBACKS: tuple[type, ...] = (keras.callbacks.ModelCheckpoint,
                                          keras.callbacks.TensorBoard, keras.callbacks.CSVLogger,
                                          keras.callbacks.ProgbarLogger)
 
-_local = threading.local()
+_keras_loop = ThreadRegion()
 
 
 def in_keras_loop() -> bool:
     """Return True while a patched ``fit``/``evaluate``/``predict`` runs on this thread."""
-    return getattr(_local, "depth", 0) > 0
-
-
-@contextlib.contextmanager
-def _loop() -> Iterator[None]:
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _local.depth -= 1
+    return _keras_loop.active
 
 
 class AgreeOnRestoredState(keras.callbacks.Callback):
@@ -156,7 +145,7 @@ def install(patches: PatchSet) -> None:
             a["initial_epoch"] = max(a["initial_epoch"], checkpoint.restore(self))
         a["callbacks"] = distributed_callbacks(a["callbacks"], checkpoint)
         _quiet_off_root(a)
-        with _loop():
+        with _keras_loop.enter():
             return original_fit(*bound.args, **bound.kwargs)
 
     @functools.wraps(original_evaluate)
@@ -170,7 +159,7 @@ def install(patches: PatchSet) -> None:
         if comm.rank() != 0 and isinstance(a["callbacks"], (list, tuple)):
             a["callbacks"] = [cb for cb in a["callbacks"] if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
         _quiet_off_root(a)
-        with _loop():
+        with _keras_loop.enter():
             result = original_evaluate(*bound.args, **bound.kwargs)
         return _average_result(result) if size > 1 else result
 
@@ -186,7 +175,7 @@ def install(patches: PatchSet) -> None:
         user = list(user) if isinstance(user, (list, tuple)) else ([] if user is None else [user])
         a["callbacks"] = [*user, sizes]
         _quiet_off_root(a)
-        with _loop():
+        with _keras_loop.enter():
             outputs = original_predict(*bound.args, **bound.kwargs)
         return sharding.gather_predictions(outputs, None if kind == "arrays" else sizes.sizes)
 
