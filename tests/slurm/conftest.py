@@ -48,16 +48,49 @@ def job_info(job_id: str, env: dict) -> dict:
     return dict(re.findall(r"(\w+)=(\S*)", done.stdout)) if done.returncode == 0 else {}
 
 
+def _cluster_logs(lines: int = 15) -> str:
+    """The tails of the test cluster's controller and job-completion logs, for failure reports."""
+    log_dir = os.path.join(os.path.dirname(CONF), "log")
+    parts = []
+    for name in ("slurmctld.log", "jobcomp.log"):
+        try:
+            with open(os.path.join(log_dir, name)) as f:
+                parts.append(f"--- {name} (last {lines} lines)\n" + "".join(f.readlines()[-lines:]))
+        except OSError as exc:
+            parts.append(f"--- {name}: {exc}")
+    return "\n".join(parts)
+
+
 def wait_for(job_id: str, env: dict, states: tuple[str, ...], timeout: float,
-             restarts: int = 0) -> dict:
-    """Poll until the job is in one of ``states`` with at least ``restarts`` restarts."""
-    deadline = time.time() + timeout
+             restarts: int = 0, output=None) -> dict:
+    """Poll until the job is in one of ``states`` with at least ``restarts`` restarts.
+
+    On timeout, cancel the job and fail with every (state, restarts) it went through and the
+    cluster's log tails (and the job's ``output`` file when given): a job Slurm has forgotten
+    shows as state None."""
+    start = time.time()
     info: dict = {}
-    while time.time() < deadline:
+    seen: list[str] = []
+    while time.time() < start + timeout:
         info = job_info(job_id, env)
+        now = f"{info.get('JobState')}/{info.get('Restarts')}"
+        if not seen or not seen[-1].endswith(" " + now):
+            seen.append(f"{time.time() - start:.0f}s {now}")
         if info.get("JobState") in states and int(info.get("Restarts", 0)) >= restarts:
             return info
         time.sleep(1)
     subprocess.run(["scancel", job_id], env=env)
     pytest.fail(f"job {job_id} did not reach {states} (restarts >= {restarts}) in {timeout:.0f} "
-                f"s; last state {info.get('JobState')}, restarts {info.get('Restarts')}")
+                f"s; last state {info.get('JobState')}, restarts {info.get('Restarts')}; "
+                f"state/restarts seen: {', '.join(seen)}\n{_cluster_logs()}{_tail(output)}")
+
+
+def _tail(path, chars: int = 3000) -> str:
+    """The end of the file at ``path`` (a job's output), or nothing without one."""
+    if path is None:
+        return ""
+    try:
+        with open(path) as f:
+            return f"\n--- {path}\n" + f.read()[-chars:]
+    except OSError as exc:
+        return f"\n--- {path}: {exc}"

@@ -80,7 +80,7 @@ def test_signal_checkpoint_requeue_resume(slurm_env, tmp_path):
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
 
     info = wait_for(job, slurm_env, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 400,
-                    restarts=1)
+                    restarts=1, output=out)
     text = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text
     saved = [line for line in text.splitlines() if "signal received; checkpoint at step" in line]
