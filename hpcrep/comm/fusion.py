@@ -87,19 +87,21 @@ class BufferPool:
     """Zero-filled, 64-byte-aligned buffers, reused once nothing outside the pool refers to them."""
 
     def __init__(self, keep_per_size: int = 4) -> None:
-        self._free: dict[int, list[np.ndarray]] = {}
+        self._free: dict[tuple[str, int], list[np.ndarray]] = {}
         self._keep = keep_per_size
         self._lock = threading.Lock()
 
     def take(self, dtype: np.dtype, length: int) -> np.ndarray:
         """Return a 1-D aligned array of ``length`` elements of ``dtype`` that nobody else uses.
 
-        Padding between slots stays zero for the buffer's life: packing never writes it, and
-        every reduction of zeros is zero.
+        Buffers start zero-filled and are reused only for the same dtype and size, so padding
+        between slots holds zeros or values of an earlier layout of that dtype, never another
+        dtype's bytes (float32 bytes read as float16 can be inf or NaN, and reducing them warned
+        of overflow). Packing never reads padding back.
         """
         nbytes = max(1, length * dtype.itemsize)
         with self._lock:
-            owners = self._free.setdefault(nbytes, [])
+            owners = self._free.setdefault((dtype.str, nbytes), [])
             raw = None
             for candidate in owners:
                 # References: the list, this loop variable, getrefcount's argument. Any more

@@ -34,6 +34,15 @@ def test_pool_reuses_only_free_buffers():
     assert c.ctypes.data == address  # a's buffer came back
 
 
+def test_pool_never_hands_one_dtypes_bytes_to_another():
+    pool = fusion.BufferPool()
+    a = pool.take(np.dtype(np.float32), 16)  # 64 bytes
+    a[:] = 1e30  # as float16 bits these would be inf/NaN
+    del a
+    h = pool.take(np.dtype(np.float16), 32)  # also 64 bytes
+    assert np.all(h == 0)
+
+
 def test_mismatch_message_names_tensor_and_groups_ranks():
     sig = lambda shape, name="w": ("allreduce", ("Sum",), ((name, "float32", shape),))  # noqa
     msg = check.mismatch_message([sig((3,)), sig((4,)), sig((4,)), sig((3,))])
