@@ -1,0 +1,41 @@
+# Shared names of the multi-node test cluster (sourced by the scripts in tests/cluster/).
+# Everything the cluster makes is named here, so that down.sh removes exactly that.
+CLUSTER_DIR=${HPCREP_CLUSTER_DIR:-/tmp/hpcrep-cluster}   # state: slurm.conf, hostfile, logs
+SUBNET_PREFIX=10.213.7                                    # the project's own bridge, nothing else
+SUBNET=$SUBNET_PREFIX.0/24
+BRIDGE=hpcrep-br0
+HEAD_IP=$SUBNET_PREFIX.1                                  # the host's address on the bridge
+HEAD_NAME=hpcrep-head
+HOSTS_TAG="# hpcrep-cluster"                              # marks our /etc/hosts lines
+
+node_ip()   { echo "$SUBNET_PREFIX.$((10 + ${1#node}))"; }   # node3 -> 10.213.7.13
+node_ns()   { echo "hpcrep-$1"; }                            # its network namespace
+node_veth() { echo "hpcv-$1"; }                              # host end of its link
+
+# The nodes up.sh made, one name a line (empty when the cluster is down).
+cluster_nodes() { [ -f "$CLUSTER_DIR/nodes" ] && cat "$CLUSTER_DIR/nodes" || true; }
+
+need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "$(basename "$0"): needs root (network namespaces, a bridge, tc, Slurm daemons); run it with sudo or as root" >&2
+    exit 3
+  fi
+}
+
+check_node() {
+  local node=$1
+  case "$node" in node[1-9]|node[1-9][0-9]) ;; *)
+    echo "$(basename "$0"): '$node' is not a node name: the cluster's nodes are node1..nodeN" >&2; exit 2;;
+  esac
+  ip netns list | awk '{print $1}' | grep -qx "$(node_ns "$node")" || {
+    echo "$(basename "$0"): $node is not up (no namespace $(node_ns "$node")); start the cluster with tests/cluster/up.sh --nodes N" >&2
+    exit 2; }
+}
+
+# Run a shell command line "on" a node: in its network namespace, with its own hostname and a
+# private mount namespace (for slurmd's node-local TmpFS). nsenter, not `ip netns exec`: the latter
+# remounts /sys, which hides /sys/fs/cgroup from slurmd.
+on_node() {
+  local node=$1; shift
+  nsenter --net="/run/netns/$(node_ns "$node")" unshare --uts --mount bash -c "hostname $node && $*"
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Run an MPI job across the nodes of tests/cluster (start them with up.sh first):
+#
+#   tests/cluster/mpirun.sh [mpirun options] -- command ...
+#   tests/cluster/mpirun.sh -n 4 --map-by ppr:2:node -x HPCREP_THREADS -- python -m hpcrep train.py
+#
+# Ranks run on node1..nodeN (2 slots each; the hostfile is $CLUSTER_DIR/hostfile), TCP between
+# nodes over the bridge and shared memory within a node. mpirun's own options pass through; the
+# environment reaches every rank (the launch agent runs on this machine). Needs root.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/common.sh"
+need_root
+[ -s "$CLUSTER_DIR/hostfile" ] || { echo "mpirun.sh: no cluster is up ($CLUSTER_DIR/hostfile missing): run tests/cluster/up.sh --nodes N first" >&2; exit 2; }
+opts=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do opts+=("$1"); shift; done
+[ "${1:-}" = -- ] && shift
+[ $# -gt 0 ] || { echo "mpirun.sh: give the command after --, e.g. mpirun.sh -n 4 -- hostname" >&2; exit 2; }
+MPIRUN=${MPIRUN:-mpirun}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+exec "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none \
+  --hostfile "$CLUSTER_DIR/hostfile" \
+  --mca plm_rsh_agent "$HERE/rsh-agent.sh" \
+  --mca btl tcp,self,vader --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET" \
+  "${opts[@]}" "$@"
