@@ -54,6 +54,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_CHECK_COLLECTIVES", _parse_bool, True,
             "Before each collective, agree on a 64-bit hash of the tensors' names, shapes and "
             "dtypes (one 16-byte allreduce), so that mismatched calls raise instead of hanging."),
+    Setting("HPCREP_STALL_TIMEOUT", float, 600.0,
+            "Seconds a collective may wait for the other ranks before the whole job is aborted "
+            "with a report of the collective, its tensors and which ranks had not arrived (a "
+            "warning is printed at half of it). A failed node or cut network link otherwise "
+            "hangs the job until its time limit. 0 turns the watchdog off."),
     Setting("HPCREP_THREADS", int, 0,
             "TensorFlow intra-op threads per rank; 0 means cores on this node // ranks on this "
             "node (at least 1)."),

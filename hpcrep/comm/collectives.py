@@ -11,19 +11,27 @@ are never modified.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import check, fusion, world
+from hpcrep.comm import check, fusion, watchdog, world
 from hpcrep.comm.dtypes import mpi_reduce_args
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
 
 # Collectives are atomic per process: two threads must not interleave messages on one comm.
 _lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def _collective(kind: str, names: Sequence[str] = ()) -> Iterator[None]:
+    """Hold the collective lock, with the stall watchdog watching this call (see watchdog)."""
+    with _lock, watchdog.watching(kind, names):
+        yield
 
 
 def _names(arrays: Sequence[Any], name: Optional[str], prefix: str) -> list[str]:
@@ -77,7 +85,7 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     names = _names(arrays, name, "allreduce")
     if threshold is None:
         threshold = config.get("HPCREP_FUSION_THRESHOLD")
-    with _lock:
+    with _collective("allreduce", names):
         comm = world.comm()
         _agree("allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
         n = comm.Get_size()
@@ -134,7 +142,7 @@ def grouped_broadcast(arrays: Sequence[Any], root_rank: int = 0,
     """
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "broadcast")
-    with _lock:
+    with _collective("broadcast", names):
         comm = world.comm()
         _check_root(root_rank, comm.Get_size())
         _agree("broadcast", (int(root_rank),), arrays, names)
@@ -189,7 +197,7 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None
                 f"allgather of {nm!r} needs an array with at least one dimension, got a scalar; "
                 "reshape it to [1] first.")
     names = _names(arrays, name, "allgather")
-    with _lock:
+    with _collective("allgather", names):
         comm = world.comm()
         signature = ("allgather", (), check.entries(arrays, names, free_first_dim=True))
         mine = np.array([check.signature_hash(signature)] + [a.shape[0] for a in arrays],
@@ -239,7 +247,7 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
     """
     a = np.ascontiguousarray(np.asarray(array))
     nm = name or "alltoall.0"
-    with _lock:
+    with _collective("alltoall", [nm]):
         comm = world.comm()
         n = comm.Get_size()
         if a.ndim == 0:
@@ -286,7 +294,7 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
     if a.ndim == 0:
         raise CollectiveArgumentError(
             f"reducescatter of {nm!r} needs an array with at least one dimension, got a scalar.")
-    with _lock:
+    with _collective("reducescatter", [nm]):
         comm = world.comm()
         n, me = comm.Get_size(), comm.Get_rank()
         _agree("reducescatter", (op.name, prescale_factor, postscale_factor), [a], [nm])
@@ -318,7 +326,7 @@ def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
 
     Collective: every rank must call this, in the same order.
     """
-    with _lock:
+    with _collective("broadcast_object"):
         comm = world.comm()
         _check_root(root_rank, comm.Get_size())
         return comm.bcast(obj, root=root_rank)
@@ -329,7 +337,7 @@ def allgather_object(obj: Any) -> list:
 
     Collective: every rank must call this, in the same order.
     """
-    with _lock:
+    with _collective("allgather_object"):
         return world.comm().allgather(obj)
 
 
@@ -338,5 +346,5 @@ def barrier() -> None:
 
     Collective: every rank must call this.
     """
-    with _lock:
+    with _collective("barrier"):
         world.comm().Barrier()

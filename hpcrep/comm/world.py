@@ -11,6 +11,7 @@ import dataclasses
 import threading
 from typing import Any, Optional, Sequence
 
+from hpcrep.comm import watchdog
 from hpcrep.errors import NotInitializedError
 
 
@@ -60,6 +61,7 @@ def init(comm: Any = None) -> None:
         local = private.Split_type(MPI.COMM_TYPE_SHARED, key=private.Get_rank())
         cross = private.Split(local.Get_rank(), private.Get_rank())
         _world = _World(private, local, cross, owns_mpi=False)
+        watchdog.attach(private)
 
 
 def shutdown() -> None:
@@ -71,6 +73,7 @@ def shutdown() -> None:
     with _lock:
         if _world is None:
             return
+        watchdog.detach()
         for c in (_world.cross, _world.local, _world.comm):
             c.Free()
         _world = None

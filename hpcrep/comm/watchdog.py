@@ -1,0 +1,231 @@
+"""Stall watchdog: a collective that never completes ends the job instead of hanging it.
+
+A rank blocked in MPI cannot tell a slow peer from a dead one or from a cut network link: MPI over
+TCP waits for as long as the kernel keeps the connection, which after a link failure is many
+minutes, and a job sits in its allreduce until the batch system's time limit. Each collective of
+:mod:`hpcrep.comm` therefore runs inside :func:`watching`, which records what this rank is waiting
+for; a daemon thread checks that record once a second:
+
+- after half of ``HPCREP_STALL_TIMEOUT`` it prints a warning and asks every other rank, on a
+  communicator of its own, where it is (ranks whose watchdog also fired answer with the call they
+  are blocked in; a rank that is computing, stuck outside hpcrep, dead or unreachable does not);
+- after the whole timeout it prints what it knows (the collective, the tensor names, which ranks
+  answered from which call, which did not and on which host they run) and aborts the job:
+  ``MPI_Abort``, then ``os._exit`` if that has not ended the process a few seconds later (on a
+  node that lost its link, ``MPI_Abort`` itself cannot reach the launcher).
+
+A rank that is merely slow is not killed before the timeout: the clock starts when this rank
+enters the collective and stops when the collective returns. ``HPCREP_STALL_TIMEOUT=0`` turns the
+watchdog off. The cost per collective is two clock reads and two attribute writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import threading
+import time
+from typing import Any, Iterator, Optional, Sequence
+
+from hpcrep import config
+
+EXIT_CODE = 75          # MPI_Abort's error code when a stall ends the job (EX_TEMPFAIL)
+_STATUS_TAG = 7351      # tag of status messages on the watchdog's own communicator
+_ANSWER_WINDOW = 5.0    # seconds the status query waits for answers
+_ABORT_GRACE = 5.0      # seconds MPI_Abort gets before the process exits by itself
+
+
+@dataclasses.dataclass
+class _Call:
+    """The collective this process is blocked in."""
+
+    kind: str
+    names: tuple[str, ...]
+    seq: int
+    started: float
+    timeout: float
+    warned: bool = False
+
+
+@dataclasses.dataclass
+class _State:
+    comm: Any = None                  # private duplicate for status queries (set by attach)
+    hosts: tuple[str, ...] = ()       # host name of each rank
+    seq: int = 0                      # collectives entered so far on this rank
+    call: Optional[_Call] = None      # the one in progress (collectives are serialised)
+    owner: Optional[int] = None       # thread id that entered it (nested calls are not counted)
+    answers: dict = dataclasses.field(default_factory=dict)  # rank -> status, from the query
+    thread: Optional[threading.Thread] = None
+
+
+_state = _State()
+_guard = threading.Lock()
+
+
+def attach(comm: Any) -> None:
+    """Give the watchdog a duplicate of ``comm`` for status queries and learn each rank's host.
+
+    Collective: every rank of ``comm`` must call this (:func:`hpcrep.comm.init` does).
+    """
+    from mpi4py import MPI  # noqa: PLC0415 - MPI is initialised by now
+
+    _state.comm = comm.Dup()
+    _state.hosts = tuple(comm.allgather(MPI.Get_processor_name()))
+
+
+def detach() -> None:
+    """Free the status communicator (at :func:`hpcrep.comm.shutdown`). Collective, like attach."""
+    if _state.comm is not None:
+        _state.comm.Free()
+        _state.comm = None
+
+
+def stall_timeout() -> float:
+    """Return ``HPCREP_STALL_TIMEOUT`` in seconds (0 or less: the watchdog is off)."""
+    return float(config.get("HPCREP_STALL_TIMEOUT"))
+
+
+@contextlib.contextmanager
+def watching(kind: str, names: Sequence[str]) -> Iterator[None]:
+    """Record that this rank is in collective ``kind`` on ``names`` until the block ends.
+
+    Nested use on the same thread (a grouped call inside another) keeps the outer record. Local.
+    """
+    timeout = stall_timeout()
+    me = threading.get_ident()
+    if timeout <= 0 or _state.owner == me:
+        yield
+        return
+    _state.seq += 1
+    _state.call = _Call(kind, tuple(names), _state.seq, time.monotonic(), timeout)
+    _state.owner = me
+    _ensure_thread()
+    try:
+        yield
+    finally:
+        _state.call = None
+        _state.owner = None
+
+
+def _ensure_thread() -> None:
+    if _state.thread is not None:
+        return
+    with _guard:
+        if _state.thread is None:
+            _state.thread = threading.Thread(target=_watch, name="hpcrep-stall-watchdog",
+                                             daemon=True)
+            _state.thread.start()
+
+
+def _watch() -> None:
+    """Daemon loop: warn at half the timeout, abort the job at the timeout."""
+    while True:
+        time.sleep(1.0)
+        call = _state.call
+        if call is None:
+            continue
+        waited = time.monotonic() - call.started
+        if waited >= call.timeout:
+            _abort(call, waited)
+        elif waited >= call.timeout / 2 and not call.warned:
+            call.warned = True
+            _say(f"warning: {_what(call)} has waited {waited:.0f} s for the other ranks; the job "
+                 f"aborts at {call.timeout:.0f} s (HPCREP_STALL_TIMEOUT).")
+            _state.answers = _query(call)
+
+
+def _rank() -> int:
+    return _state.comm.Get_rank() if _state.comm is not None else 0
+
+
+def _what(call: _Call) -> str:
+    shown = ", ".join(repr(n) for n in call.names[:3])
+    more = f" and {len(call.names) - 3} more" if len(call.names) > 3 else ""
+    return f"collective {call.kind} of {shown or 'no tensors'}{more} (call #{call.seq} here)"
+
+
+def _say(text: str) -> None:
+    host = _state.hosts[_rank()] if _state.hosts else "?"
+    print(f"hpcrep: rank {_rank()} on {host}: {text}", file=sys.stderr, flush=True)
+
+
+def _query(call: _Call) -> dict:
+    """Tell every rank where this one waits; return the answers heard within the window.
+
+    Ranks whose watchdog fired for the same stall send theirs at about the same time, so each
+    side hears the other. Messages are tagged with the call number, so a later stall never reads
+    an earlier one's status.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    comm = _state.comm
+    if comm is None or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        return {}  # talking while the main thread is inside MPI needs MPI_THREAD_MULTIPLE
+    me, n = comm.Get_rank(), comm.Get_size()
+    status = (call.seq, call.kind, call.names[:1])
+    tag = _STATUS_TAG + call.seq % 100000
+    for r in range(n):
+        if r != me:
+            comm.isend(status, dest=r, tag=tag)
+    pending = {r: comm.irecv(source=r, tag=tag) for r in range(n) if r != me}
+    answers = {me: status}
+    deadline = time.monotonic() + min(_ANSWER_WINDOW, call.timeout / 4)
+    while pending and time.monotonic() < deadline:
+        for r, req in list(pending.items()):
+            done, value = req.test()
+            if done:
+                answers[r] = value
+                del pending[r]
+        time.sleep(0.05)
+    for req in pending.values():
+        with contextlib.suppress(Exception):
+            req.Cancel()
+    return answers
+
+
+def _report(call: _Call, waited: float) -> str:
+    n = len(_state.hosts) or 1
+    answers = _state.answers
+    lines = [f"{_what(call)} has not completed after {waited:.0f} s "
+             f"(HPCREP_STALL_TIMEOUT={call.timeout:g}). Aborting the whole job."]
+    if answers:
+        by_call: dict[tuple, list[int]] = {}
+        for r, (seq, kind, _) in sorted(answers.items()):
+            by_call.setdefault((seq, kind), []).append(r)
+        for (seq, kind), ranks in by_call.items():
+            lines.append(f"  waiting in call #{seq} ({kind}): {_ranks(ranks)}")
+        silent = [r for r in range(n) if r not in answers]
+        if silent:
+            lines.append(f"  no answer from {_ranks(silent)}: not arrived at "
+                         "this collective (still computing, stuck outside hpcrep, dead) or "
+                         "cannot be reached (a failed node or network link)")
+    lines.append("  If a step legitimately takes this long, raise HPCREP_STALL_TIMEOUT "
+                 "(0 turns the watchdog off).")
+    return "\n".join(lines)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """Return 'ranks 0, 1 on node1; rank 2 on node2'."""
+    hosts = _state.hosts
+    by_host: dict[str, list[int]] = {}
+    for r in ranks:
+        by_host.setdefault(hosts[r] if r < len(hosts) else "?", []).append(r)
+    return "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))} on {h}"
+                     for h, rs in by_host.items())
+
+
+def _abort(call: _Call, waited: float) -> None:
+    """Print the report and end the job; never returns."""
+    _say(_report(call, waited))
+    sys.stdout.flush()
+
+    def mpi_abort() -> None:
+        from mpi4py import MPI  # noqa: PLC0415
+
+        MPI.COMM_WORLD.Abort(EXIT_CODE)
+
+    threading.Thread(target=mpi_abort, name="hpcrep-stall-abort", daemon=True).start()
+    time.sleep(_ABORT_GRACE)
+    os._exit(EXIT_CODE)
