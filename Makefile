@@ -5,13 +5,13 @@ PYTEST  := $(PY) -m pytest -p no:cacheprovider
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-unit test-mpi test-launch test-slurm bench clean
+.PHONY: install test test-unit test-mpi test-launch test-cluster bench clean
 
 install:
 	@bash tools/install.sh
 
 test: install
-	$(MAKE) --no-print-directory test-unit test-mpi test-launch test-slurm
+	$(MAKE) --no-print-directory test-unit test-mpi test-launch test-cluster
 
 test-unit:
 	$(PYTEST) -q tests/unit
@@ -25,13 +25,17 @@ test-mpi:
 test-launch:
 	$(PYTEST) -q tests/launch
 
-# A real one-node Slurm cluster (slurm/testcluster); needs root and apt.
-test-slurm:
+# A multi-node cluster on this machine (tests/cluster: 2 nodes in network namespaces, Slurm on
+# them; needs root): the collective suite across the nodes (2 x 2 ranks), then tests/slurm and
+# tests/cluster. The cluster is removed afterwards, also after a failure. Not root: the tests
+# skip (and fail under CI=true).
+test-cluster:
 	@status=0; started=0; \
-	if [ "$$(id -u)" = 0 ]; then bash slurm/testcluster/up.sh && started=1 || echo "test-slurm: cluster did not start"; \
-	else echo "test-slurm: not root, no test cluster: tests skip (and fail under CI=true)"; fi; \
-	SLURM_CONF=/tmp/hpcrep-slurm/slurm.conf $(PYTEST) -q tests/slurm || status=$$?; \
-	[ "$$started" = 0 ] || bash slurm/testcluster/down.sh; exit $$status
+	if [ "$$(id -u)" = 0 ]; then bash tests/cluster/up.sh --nodes 2 && started=1 || echo "test-cluster: cluster did not start"; \
+	else echo "test-cluster: not root, no cluster: tests skip (and fail under CI=true)"; fi; \
+	if [ "$$started" = 1 ]; then tests/cluster/mpirun.sh -n 4 -- $(PYTEST) -q tests/mpi || status=$$?; fi; \
+	$(PYTEST) -q tests/slurm tests/cluster || status=$$?; \
+	[ "$$started" = 0 ] || bash tests/cluster/down.sh; exit $$status
 
 # Quick weak-scaling benchmark of ResNet-50, SN-GAN and D4PG at 1 and 2 ranks (2 cores) with
 # peers side by side and the allreduce benchmark; report in reports/<timestamp>/.

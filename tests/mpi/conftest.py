@@ -10,6 +10,7 @@ process, and mpirun then takes the job down: a hang fails the run.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import pytest
@@ -52,11 +53,11 @@ def pytest_runtest_makereport(item, call):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     counts = {k: len(v) for k, v in terminalreporter.stats.items() if k in ("passed", "failed",
                                                                              "skipped", "error")}
-    everyone = _HARNESS.allgather(counts)
+    everyone = _HARNESS.allgather((socket.gethostname(), counts))
     if RANK == 0:
-        for r, c in enumerate(everyone):
+        for r, (host, c) in enumerate(everyone):
             summary = ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
-            terminalreporter.write_line(f"hpcrep MPI suite rank {r}/{SIZE}: {summary}")
+            terminalreporter.write_line(f"hpcrep MPI suite rank {r}/{SIZE} on {host}: {summary}")
 
 
 @pytest.fixture

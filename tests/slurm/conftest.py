@@ -1,7 +1,9 @@
-"""The one-node Slurm cluster of slurm/testcluster: find it, or skip (fail under CI=true).
+"""The Slurm cluster of tests/cluster (one node or more): find it, or skip (fail under CI=true).
 
-``make test-slurm`` starts the cluster (slurm/testcluster/up.sh), runs these tests and stops it.
-Clients find it through ``SLURM_CONF`` (default: /tmp/hpcrep-slurm/slurm.conf).
+``make test-cluster`` starts the cluster (``tests/cluster/up.sh --nodes 2``), runs these tests
+among others, and removes it. They run on one node and pass on a one-node cluster too
+(``tests/cluster/up.sh --nodes 1``). Clients find it through ``SLURM_CONF`` (default:
+/tmp/hpcrep-cluster/slurm.conf).
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import time
 
 import pytest
 
-CONF = os.environ.get("SLURM_CONF", "/tmp/hpcrep-slurm/slurm.conf")
+CONF = os.environ.get("SLURM_CONF", "/tmp/hpcrep-cluster/slurm.conf")
 
 
 def _unavailable() -> str:
     if not shutil.which("sbatch"):
-        return "Slurm is not installed (run slurm/testcluster/up.sh as root, or make test-slurm)"
+        return "Slurm is not installed (run tests/cluster/up.sh as root, or make test-cluster)"
     if not os.path.exists(CONF):
-        return f"no test cluster: {CONF} is missing (run slurm/testcluster/up.sh as root)"
+        return f"no test cluster: {CONF} is missing (run tests/cluster/up.sh as root)"
     done = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True,
                           env={**os.environ, "SLURM_CONF": CONF}, timeout=30)
     if done.returncode != 0 or "idle" not in done.stdout and "mix" not in done.stdout:
