@@ -8,10 +8,12 @@ data moves, :func:`hpcrep.comm.check.agree` verifies that, so a mismatch raises
 Results are new arrays (views of pooled, aligned buffers; see :mod:`hpcrep.comm.fusion`); inputs
 are never modified.
 
-Every function takes ``communicator=``: a :class:`~hpcrep.comm.communicator.Communicator` or
-None for the current one (the job's world unless inside :func:`hpcrep.comm.current.using`).
-"Every rank" then means every rank of that communicator; ``root_rank`` is always a job rank
-(``hpcrep.comm.rank()`` of the root), as in Horovod.
+Every function takes ``communicator=``: a :class:`~hpcrep.comm.communicator.Communicator`, a
+:class:`~hpcrep.comm.process_sets.ProcessSet`, or None for the current one (the job's world
+unless inside :func:`hpcrep.comm.current.using`). "Every rank" then means every rank of that
+communicator; ``root_rank`` is always a job rank (``hpcrep.comm.rank()`` of the root), as in
+Horovod, and ranks outside a process set that call one of its collectives get a
+:class:`~hpcrep.errors.CollectiveArgumentError` before anything is sent.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Which communicator a collective runs on when the caller does not say.
 
 Every collective of :mod:`hpcrep.comm` takes ``communicator=``: a
-:class:`~hpcrep.comm.communicator.Communicator` or None. None means :func:`current`: the
+:class:`~hpcrep.comm.communicator.Communicator`, a
+:class:`~hpcrep.comm.process_sets.ProcessSet`, or None. None means :func:`current`: the
 communicator of the innermost :func:`using` block of this context, or the job's world outside
 any. ``using`` is how code that runs inside a group (a Replicator's sync-group step) is confined
 to it without changing what :func:`hpcrep.comm.rank` and :func:`hpcrep.comm.size` mean.
@@ -21,6 +22,7 @@ from typing import Any, Iterator, Optional
 
 from hpcrep.comm import world
 from hpcrep.comm.communicator import Communicator
+from hpcrep.comm.process_sets import ProcessSet
 from hpcrep.errors import CollectiveArgumentError
 
 _current: contextvars.ContextVar[Optional[Communicator]] = contextvars.ContextVar(
@@ -38,18 +40,23 @@ def resolve(communicator: Any = None) -> Communicator:
     """Return the :class:`Communicator` that ``communicator`` names. Local.
 
     Args:
-        communicator: a Communicator, or None for :func:`current`.
+        communicator: a Communicator, a registered :class:`ProcessSet` that includes this rank,
+            or None for :func:`current`.
 
     Raises:
-        CollectiveArgumentError: a freed communicator, or an object of another type.
+        CollectiveArgumentError: a process set that is not registered or does not include this
+            rank, a freed communicator, or an object of another type.
     """
     if communicator is None:
         return current()
     if isinstance(communicator, Communicator):
         communicator._live()  # noqa: SLF001 - sibling module: a freed one fails here, clearly
         return communicator
+    if isinstance(communicator, ProcessSet):
+        return communicator.communicator()
     raise CollectiveArgumentError(
-        f"expected an hpcrep.comm Communicator or None for the communicator, got "
+        f"expected a process set (hvd.ProcessSet, hvd.global_process_set), an "
+        f"hpcrep.comm Communicator or None for the communicator, got "
         f"{type(communicator).__name__}: {communicator!r}")
 
 
