@@ -32,7 +32,8 @@ class GradientReducer:
         num_groups: split the gradients into this many fused exchanges (0: one).
         groups: explicit grouping, a list of lists of variables (overrides ``num_groups``).
         process_set: ranks to reduce over (a process set or communicator); None: the current
-            communicator when :meth:`reduce` is called (traced).
+            communicator when :meth:`reduce` is called (traced). On ranks outside a process
+            set the gradients pass through unreduced (Horovod's semantics).
     """
 
     op: Any = ReduceOp.Average
@@ -61,6 +62,8 @@ class GradientReducer:
         Collective: every rank must call this, in the same order, with matching gradients.
         """
         grads = list(grads)
+        if isinstance(self.process_set, comm.ProcessSet) and not self.process_set.included():
+            return grads
         communicator = comm.resolve(self.process_set)
         if communicator.size() == 1 and self.op is ReduceOp.Average:
             return grads

@@ -109,3 +109,30 @@ def test_hvd_rank_and_size_stay_the_jobs(sets):
     assert hvd.global_process_set.size() == hvd.size()
     assert hvd.global_process_set.rank() == hvd.rank()
     assert mine.rank() == mine.ranks.index(hvd.rank()) and mine.included()
+
+
+@pytest.mark.parametrize("how", ["optimizer", "tape"])
+def test_gradients_averaged_over_the_set_only(sets, how):
+    """Horovod's test_process_set_optimizer: members average over the even set; the other
+    ranks apply their own gradient unreduced."""
+    import keras
+
+    even, _ = sets
+    r = hvd.rank()
+    v = tf.Variable([0.0])
+    opt = keras.optimizers.SGD(1.0)
+    if how == "optimizer":
+        opt = hvd.DistributedOptimizer(opt, process_set=even)
+    opt.build([v])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = -float(r) * tf.reduce_sum(v)  # gradient: -rank
+        if how == "tape":
+            tape = hvd.DistributedGradientTape(tape, process_set=even)
+        opt.apply(tape.gradient(loss, [v]), [v])
+
+    step()
+    expected = np.mean(even.ranks) if even.included() else float(r)
+    np.testing.assert_allclose(v.numpy(), [expected])
