@@ -87,7 +87,8 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     if threshold is None:
         threshold = config.get("HPCREP_FUSION_THRESHOLD")
     with _lock:
-        comm = resolve(communicator).comm
+        target = resolve(communicator)  # .comm; .local and .cross for hierarchical reductions
+        comm = target.comm
         _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
         n = comm.Get_size()
         buckets = fusion.plan(tuple((a.shape, a.dtype.name) for a in arrays), threshold)

@@ -150,9 +150,9 @@ class _GlobalProcessSet(ProcessSet):
 global_process_set: ProcessSet = _GlobalProcessSet()
 
 
-def _agree_on(kind: str, value: Any) -> None:
-    """Raise CollectiveMismatchError on every rank unless all ranks pass an equal ``value``."""
-    check.agree(world.comm(), (kind, (repr(value),), ()))
+def _agree_on(kind: str, described: str) -> None:
+    """Raise CollectiveMismatchError on every rank unless all ranks pass an equal description."""
+    check.agree(world.comm(), (kind, (described,), ()))
 
 
 def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:
@@ -177,7 +177,8 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
             "hpcrep adds process sets by ranks only; build it as hvd.ProcessSet([job ranks]) "
             "instead of from an MPI communicator.")
     ranks = tuple(process_set.ranks)
-    _agree_on("add_process_set", (ranks, process_set.process_set_id))
+    _agree_on("add_process_set",
+              f"ranks={list(ranks)}, process_set_id={process_set.process_set_id}")
     problem = _problem(process_set, ranks)
     if problem:
         raise CollectiveArgumentError(f"add_process_set({list(ranks)}): {problem}")
@@ -224,7 +225,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     Collective: every rank of the job must call this, in the same order, with the same set.
     """
     set_id = process_set.process_set_id
-    _agree_on("remove_process_set", set_id)
+    _agree_on("remove_process_set", f"process_set_id={set_id}")
     if set_id is None or set_id == 0 or set_id not in _registry:
         return False
     entry = _registry.pop(set_id)

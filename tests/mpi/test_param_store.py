@@ -1,6 +1,8 @@
 """ParamStore and sync groups (numpy only): atomic delta exchanges from every rank add up, step
 counters track each writer, and group communicators confine collectives to the group."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -46,6 +48,11 @@ def test_group_communicator_confines_collectives_without_changing_the_job(world)
         with hc.using(layout.group):
             assert (hc.rank(), hc.size()) == (r, n)  # the job's, inside a group too
             assert hc.current() is layout.group
+            seen = []
+            other = threading.Thread(target=lambda: seen.append(hc.current()))
+            other.start()
+            other.join()
+            assert seen == [hc.communicator()]  # context-local, not process-wide
             total = hc.allreduce(np.array([1.0]), op=hc.Sum)
             assert float(total[0]) == layout.group_size
             # root_rank is a job rank: the group's last member
