@@ -92,6 +92,15 @@ class Replicator:
         return (self._world_rank,)
 
     @property
+    def communicator(self) -> comm.Communicator:
+        """The replicas that step together: the job, or this rank's sync group.
+
+        ``run`` and ``reduce`` make it current; elsewhere pass it as ``process_set=`` to an
+        ``hvd.*`` collective (or ``communicator=`` to :mod:`hpcrep.comm`) to reach the group.
+        """
+        return self._communicator
+
+    @property
     def group_id(self) -> int:
         """This rank's sync group (0 in the synchronous regime)."""
         return self._group.layout.group_id if self._group else 0

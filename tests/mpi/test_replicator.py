@@ -268,6 +268,8 @@ def test_async_groups_within_test_world(world):
         assert float(ones[0]) == float(hvd_ones[0]) == arep.num_replicas_in_sync
         assert int(job_size) == n
         assert hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy()[0] == n  # outside run()
+        in_group = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, process_set=arep.communicator)
+        assert in_group.numpy()[0] == arep.num_replicas_in_sync  # the group, when asked for
         steps = arep.join()
         assert list(steps) == [30] * groups
     assert hvd.size() == n
