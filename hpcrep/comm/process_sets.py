@@ -18,6 +18,7 @@ variable is needed to add sets after :func:`hpcrep.comm.init`.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Iterable, Optional, Union
 
 from hpcrep.comm import check, world
@@ -65,7 +66,7 @@ class ProcessSet:
             raise CollectiveArgumentError(
                 f"ProcessSet takes a list of job ranks or an mpi4py communicator, got "
                 f"{type(ranks_or_comm).__name__}: {ranks_or_comm!r}") from None
-        bad = [r for r in given if isinstance(r, bool) or not isinstance(r, int)]
+        bad = [r for r in given if isinstance(r, bool) or not isinstance(r, numbers.Integral)]
         if bad:
             raise CollectiveArgumentError(
                 f"ProcessSet ranks must be integers (job ranks as hvd.rank() gives them), got "

@@ -43,7 +43,7 @@ def test_registration_ids_and_duplicates(world):
     if n == 1:
         return
     set1 = hc.add_process_set([0])
-    set2 = hc.add_process_set(range(n - 1, 0, -1))
+    set2 = hc.add_process_set(np.arange(n - 1, 0, -1))  # numpy integers are ranks too
     assert (set1.process_set_id, set2.process_set_id) == (1, 2)
     assert set2.ranks == list(range(1, n))
     assert process_sets.registered() == {0: list(range(n)), 1: [0], 2: list(range(1, n))}
