@@ -40,8 +40,8 @@ FEATURES = 8
 hvd.init()
 rep = Replicator(SyncGroups(num_groups=min(args.groups, hvd.size()),
                             exchange_every=args.exchange_every, delta_scale=args.delta_scale))
-# While the Replicator is open hvd.rank()/hvd.size() are this rank's place in its sync group;
-# the job-wide replica id is the Replicator's.
+# hvd.rank()/hvd.size() describe the job even inside a sync group; the job-wide replica id is
+# the Replicator's.
 rank = rep.local_replica_ids[0]
 
 rng = np.random.default_rng(0)

@@ -7,6 +7,13 @@ data moves, :func:`hpcrep.comm.check.agree` verifies that, so a mismatch raises
 
 Results are new arrays (views of pooled, aligned buffers; see :mod:`hpcrep.comm.fusion`); inputs
 are never modified.
+
+Every function takes ``communicator=``: a :class:`~hpcrep.comm.communicator.Communicator`, a
+:class:`~hpcrep.comm.process_sets.ProcessSet`, or None for the current one (the job's world
+unless inside :func:`hpcrep.comm.current.using`). "Every rank" then means every rank of that
+communicator; ``root_rank`` is always a job rank (``hpcrep.comm.rank()`` of the root), as in
+Horovod, and ranks outside a process set that call one of its collectives get a
+:class:`~hpcrep.errors.CollectiveArgumentError` before anything is sent.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import check, fusion, watchdog, world
+from hpcrep.comm import check, fusion, watchdog
+from hpcrep.comm.current import resolve
 from hpcrep.comm.dtypes import mpi_reduce_args
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
@@ -46,10 +54,10 @@ def _as_arrays(arrays: Sequence[Any]) -> list[np.ndarray]:
     return [np.asarray(a) for a in arrays]
 
 
-def _agree(kind: str, params: tuple, arrays: Sequence[np.ndarray], names: Sequence[str],
-           free_first_dim: bool = False) -> None:
+def _agree(comm: Any, kind: str, params: tuple, arrays: Sequence[np.ndarray],
+           names: Sequence[str], free_first_dim: bool = False) -> None:
     if config.get("HPCREP_CHECK_COLLECTIVES"):
-        check.agree(world.comm(), (kind, params, check.entries(arrays, names, free_first_dim)))
+        check.agree(comm, (kind, params, check.entries(arrays, names, free_first_dim)))
 
 
 def _check_scales(op: ReduceOp, prescale: float, postscale: float) -> None:
@@ -62,7 +70,8 @@ def _check_scales(op: ReduceOp, prescale: float, postscale: float) -> None:
 
 def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
                               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                              name: Optional[str] = None, threshold: Optional[int] = None
+                              name: Optional[str] = None, threshold: Optional[int] = None,
+                              communicator: Any = None
                               ) -> tuple[tuple[fusion.Bucket, ...], list[np.ndarray]]:
     """Reduce arrays across ranks into fusion buffers; return the plan and the reduced buffers.
 
@@ -86,8 +95,9 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     if threshold is None:
         threshold = config.get("HPCREP_FUSION_THRESHOLD")
     with _collective("allreduce", names):
-        comm = world.comm()
-        _agree("allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
+        target = resolve(communicator)  # .comm; .local and .cross for hierarchical reductions
+        comm = target.comm
+        _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
         n = comm.Get_size()
         buckets = fusion.plan(tuple((a.shape, a.dtype.name) for a in arrays), threshold)
         buffers = []
@@ -107,7 +117,7 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
 
 def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      name: Optional[str] = None) -> list[np.ndarray]:
+                      name: Optional[str] = None, communicator: Any = None) -> list[np.ndarray]:
     """Reduce each array elementwise across ranks; return the results in the same order.
 
     Arrays are fused into few buffers (``HPCREP_FUSION_THRESHOLD``); see
@@ -118,7 +128,7 @@ def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     """
     arrays = _as_arrays(arrays)
     buckets, buffers = grouped_allreduce_buckets(arrays, op, prescale_factor, postscale_factor,
-                                                 name)
+                                                 name, communicator=communicator)
     out: list = [None] * len(arrays)
     for bucket, buf in zip(buckets, buffers):
         fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
@@ -126,16 +136,18 @@ def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
 
 
 def allreduce(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, name: Optional[str] = None) -> np.ndarray:
+              postscale_factor: float = 1.0, name: Optional[str] = None,
+              communicator: Any = None) -> np.ndarray:
     """Reduce ``array`` elementwise across ranks (see :func:`grouped_allreduce`).
 
     Collective: every rank must call this, in the same order, with equal dtype and shape.
     """
-    return grouped_allreduce([array], op, prescale_factor, postscale_factor, name)[0]
+    return grouped_allreduce([array], op, prescale_factor, postscale_factor, name,
+                             communicator)[0]
 
 
 def grouped_broadcast(arrays: Sequence[Any], root_rank: int = 0,
-                      name: Optional[str] = None) -> list[np.ndarray]:
+                      name: Optional[str] = None, communicator: Any = None) -> list[np.ndarray]:
     """Return rank ``root_rank``'s values of ``arrays`` on every rank, fused into few messages.
 
     Collective: every rank must call this, in the same order, with equal dtypes and shapes.
@@ -143,47 +155,42 @@ def grouped_broadcast(arrays: Sequence[Any], root_rank: int = 0,
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "broadcast")
     with _collective("broadcast", names):
-        comm = world.comm()
-        _check_root(root_rank, comm.Get_size())
-        _agree("broadcast", (int(root_rank),), arrays, names)
-        is_root = comm.Get_rank() == root_rank
+        target = resolve(communicator)
+        comm, root = target.comm, target.root(root_rank)
+        _agree(comm, "broadcast", (int(root_rank),), arrays, names)
+        is_root = comm.Get_rank() == root
         layout = tuple((a.shape, a.dtype.name) for a in arrays)
         out: list = [None] * len(arrays)
         for bucket in fusion.plan(layout, config.get("HPCREP_FUSION_THRESHOLD")):
             buf = fusion.pack(bucket, arrays, fill=is_root)
             if comm.Get_size() > 1:
-                comm.Bcast(buf.view(np.uint8), root=root_rank)
+                comm.Bcast(buf.view(np.uint8), root=root)
             fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
         return out
 
 
-def broadcast(array: Any, root_rank: int = 0, name: Optional[str] = None) -> np.ndarray:
+def broadcast(array: Any, root_rank: int = 0, name: Optional[str] = None,
+              communicator: Any = None) -> np.ndarray:
     """Return rank ``root_rank``'s value of ``array`` on every rank.
 
     Collective: every rank must call this, in the same order, with equal dtype and shape.
     """
-    return grouped_broadcast([array], root_rank, name)[0]
+    return grouped_broadcast([array], root_rank, name, communicator)[0]
 
 
-def _check_root(root_rank: int, n: int) -> None:
-    if not 0 <= int(root_rank) < n:
-        raise CollectiveArgumentError(
-            f"root_rank={root_rank} is not a rank of this job (valid: 0..{n - 1}); pass the rank "
-            "whose values every rank should receive.")
-
-
-def grouped_allgather(arrays: Sequence[Any], name: Optional[str] = None) -> list[np.ndarray]:
+def grouped_allgather(arrays: Sequence[Any], name: Optional[str] = None,
+                      communicator: Any = None) -> list[np.ndarray]:
     """Concatenate each array's values from all ranks along the first dimension, rank order.
 
     The first dimension may differ by rank; the others and the dtype must agree.
 
     Collective: every rank must call this, in the same order, with the same number of arrays.
     """
-    return grouped_allgatherv(arrays, name)[0]
+    return grouped_allgatherv(arrays, name, communicator)[0]
 
 
-def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None
-                       ) -> tuple[list[np.ndarray], np.ndarray]:
+def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None,
+                       communicator: Any = None) -> tuple[list[np.ndarray], np.ndarray]:
     """Like :func:`grouped_allgather`, and also return the rows each rank gave, ``[size, n]``.
 
     One small allgather exchanges every array's first dimension together with the agreement hash.
@@ -198,7 +205,7 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None
                 "reshape it to [1] first.")
     names = _names(arrays, name, "allgather")
     with _collective("allgather", names):
-        comm = world.comm()
+        comm = resolve(communicator).comm
         signature = ("allgather", (), check.entries(arrays, names, free_first_dim=True))
         mine = np.array([check.signature_hash(signature)] + [a.shape[0] for a in arrays],
                         dtype=np.int64)
@@ -219,25 +226,27 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None
         return out, table[:, 1:]
 
 
-def allgather(array: Any, name: Optional[str] = None) -> np.ndarray:
+def allgather(array: Any, name: Optional[str] = None, communicator: Any = None) -> np.ndarray:
     """Concatenate ``array`` from all ranks along the first dimension (see grouped_allgather).
 
     Collective: every rank must call this, in the same order.
     """
-    return grouped_allgather([array], name)[0]
+    return grouped_allgather([array], name, communicator)[0]
 
 
-def allgatherv(array: Any, name: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
+def allgatherv(array: Any, name: Optional[str] = None,
+               communicator: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """Return ``array`` gathered from all ranks and the number of rows each rank gave.
 
     Collective: every rank must call this, in the same order.
     """
-    gathered, rows = grouped_allgatherv([array], name)
+    gathered, rows = grouped_allgatherv([array], name, communicator)
     return gathered[0], rows[:, 0]
 
 
 def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
-             name: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
+             name: Optional[str] = None, communicator: Any = None
+             ) -> tuple[np.ndarray, np.ndarray]:
     """Send ``splits[j]`` consecutive rows of ``array`` to rank j; return what arrived and its splits.
 
     Without ``splits`` the first dimension is divided evenly (it must be a multiple of size).
@@ -248,7 +257,7 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
     a = np.ascontiguousarray(np.asarray(array))
     nm = name or "alltoall.0"
     with _collective("alltoall", [nm]):
-        comm = world.comm()
+        comm = resolve(communicator).comm
         n = comm.Get_size()
         if a.ndim == 0:
             raise CollectiveArgumentError(
@@ -266,7 +275,7 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
                 raise CollectiveArgumentError(
                     f"alltoall of {nm!r}: splits must have one non-negative entry per rank ({n}) "
                     f"summing to the first dimension {a.shape[0]}; got {list(send_rows)}.")
-        _agree("alltoall", (), [a], [nm], free_first_dim=True)
+        _agree(comm, "alltoall", (), [a], [nm], free_first_dim=True)
         recv_rows = np.empty(n, dtype=np.int64)
         comm.Alltoall(send_rows, recv_rows)
         row = int(np.prod(a.shape[1:], dtype=np.int64))
@@ -280,7 +289,8 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
 
 
 def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0, name: Optional[str] = None) -> np.ndarray:
+                  postscale_factor: float = 1.0, name: Optional[str] = None,
+                  communicator: Any = None) -> np.ndarray:
     """Reduce ``array`` across ranks and return this rank's share of the first dimension.
 
     Rows are divided as evenly as possible; the first ``rows % size`` ranks get one extra row.
@@ -295,9 +305,9 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
         raise CollectiveArgumentError(
             f"reducescatter of {nm!r} needs an array with at least one dimension, got a scalar.")
     with _collective("reducescatter", [nm]):
-        comm = world.comm()
+        comm = resolve(communicator).comm
         n, me = comm.Get_size(), comm.Get_rank()
-        _agree("reducescatter", (op.name, prescale_factor, postscale_factor), [a], [nm])
+        _agree(comm, "reducescatter", (op.name, prescale_factor, postscale_factor), [a], [nm])
         floating = a.dtype.kind in "fc" or a.dtype.name == "bfloat16"
         pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
         send = fusion.POOL.take(a.dtype, a.size)
@@ -321,30 +331,29 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
         return result.reshape((int(rows[me]),) + a.shape[1:])
 
 
-def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, communicator: Any = None) -> Any:
     """Return rank ``root_rank``'s ``obj`` (pickled) on every rank.
 
     Collective: every rank must call this, in the same order.
     """
     with _collective("broadcast_object"):
-        comm = world.comm()
-        _check_root(root_rank, comm.Get_size())
-        return comm.bcast(obj, root=root_rank)
+        target = resolve(communicator)
+        return target.comm.bcast(obj, root=target.root(root_rank))
 
 
-def allgather_object(obj: Any) -> list:
+def allgather_object(obj: Any, communicator: Any = None) -> list:
     """Return the list of every rank's ``obj`` (pickled), in rank order.
 
     Collective: every rank must call this, in the same order.
     """
     with _collective("allgather_object"):
-        return world.comm().allgather(obj)
+        return resolve(communicator).comm.allgather(obj)
 
 
-def barrier() -> None:
+def barrier(communicator: Any = None) -> None:
     """Wait until every rank has called this.
 
     Collective: every rank must call this.
     """
     with _collective("barrier"):
-        world.comm().Barrier()
+        resolve(communicator).comm.Barrier()

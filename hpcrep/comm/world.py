@@ -1,29 +1,23 @@
 """The MPI world hpcrep runs in: initialisation, ranks and the private communicators.
 
 hpcrep never talks on the user's communicator. :func:`init` duplicates ``COMM_WORLD`` (or the
-communicator given) once, and splits the duplicate into a node-local and a cross-node
-communicator. Every collective in :mod:`hpcrep.comm` uses :func:`comm`.
+communicator given) once into the job's :class:`~hpcrep.comm.communicator.Communicator`, which
+splits the duplicate into a node-local and a cross-node communicator. :func:`rank`, :func:`size`
+and the topology functions always describe the job; collectives run on the job unless given
+another communicator (see :mod:`hpcrep.comm.current`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from hpcrep.comm import watchdog
+from hpcrep.comm.communicator import Communicator
 from hpcrep.errors import NotInitializedError
 
-
-@dataclasses.dataclass
-class _World:
-    comm: Any          # private duplicate of the parent communicator
-    local: Any         # ranks on this node (shared memory)
-    cross: Any         # one rank per node with the same local rank
-    owns_mpi: bool     # hpcrep called MPI_Init and should finalize at shutdown
-
-
-_world: Optional[_World] = None
+_world: Optional[Communicator] = None
+_at_shutdown: list[Callable[[], None]] = []
 _lock = threading.RLock()
 
 
@@ -58,9 +52,7 @@ def init(comm: Any = None) -> None:
             parent = world.Split(color, key)
         private = parent.Dup()
         private.Set_name("hpcrep")
-        local = private.Split_type(MPI.COMM_TYPE_SHARED, key=private.Get_rank())
-        cross = private.Split(local.Get_rank(), private.Get_rank())
-        _world = _World(private, local, cross, owns_mpi=False)
+        _world = Communicator(private, range(private.Get_size()), "the job")
         watchdog.attach(private)
 
 
@@ -73,10 +65,21 @@ def shutdown() -> None:
     with _lock:
         if _world is None:
             return
+        while _at_shutdown:
+            _at_shutdown.pop()()
         watchdog.detach()
-        for c in (_world.cross, _world.local, _world.comm):
-            c.Free()
+        _world.free()
         _world = None
+
+
+def at_shutdown(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at the next :func:`shutdown`, before the job's communicators are freed.
+
+    For modules that build communicators on the job's (process sets): the callback frees them.
+    Callbacks run last-registered first, once. Local.
+    """
+    with _lock:
+        _at_shutdown.append(callback)
 
 
 def is_initialized() -> bool:
@@ -84,7 +87,7 @@ def is_initialized() -> bool:
     return _world is not None
 
 
-def _require() -> _World:
+def _require() -> Communicator:
     if _world is None:
         raise NotInitializedError(
             "hpcrep has not been initialized: call hpcrep.comm.init() (or hvd.init()) before "
@@ -92,39 +95,44 @@ def _require() -> _World:
     return _world
 
 
+def communicator() -> Communicator:
+    """Return the job's communicator: every rank hpcrep was initialised on."""
+    return _require()
+
+
 def comm() -> Any:
-    """Return hpcrep's private duplicate of the world communicator."""
+    """Return hpcrep's private duplicate of the job's MPI communicator (mpi4py)."""
     return _require().comm
 
 
 def rank() -> int:
-    """Return this process's rank in hpcrep's world."""
-    return _require().comm.Get_rank()
+    """Return this process's rank in the job (never a group's or a process set's rank)."""
+    return _require().rank()
 
 
 def size() -> int:
-    """Return the number of ranks in hpcrep's world."""
-    return _require().comm.Get_size()
+    """Return the number of ranks in the job."""
+    return _require().size()
 
 
 def local_rank() -> int:
     """Return this process's rank among the ranks on its node."""
-    return _require().local.Get_rank()
+    return _require().local_rank()
 
 
 def local_size() -> int:
     """Return the number of ranks on this process's node."""
-    return _require().local.Get_size()
+    return _require().local_size()
 
 
 def cross_rank() -> int:
     """Return the index of this process's node among the nodes (ranks with its local rank)."""
-    return _require().cross.Get_rank()
+    return _require().cross_rank()
 
 
 def cross_size() -> int:
     """Return the number of nodes that have a rank with this process's local rank."""
-    return _require().cross.Get_size()
+    return _require().cross_size()
 
 
 def is_homogeneous() -> bool:
@@ -133,7 +141,7 @@ def is_homogeneous() -> bool:
     Collective: every rank must call this.
     """
     w = _require()
-    sizes = w.comm.allgather(w.local.Get_size())
+    sizes = w.comm.allgather(w.local_size())
     return min(sizes) == max(sizes)
 
 

@@ -1,8 +1,10 @@
 """Input and replica contexts: what ``input_fn`` and ``step_fn`` know about their replica.
 
 A replica is an abstraction over ranks: today each rank runs one replica, so replica ``i`` of a
-sync group is the group's rank ``i``; the mapping lives only in :meth:`ReplicaContext._rank_of`
-so that several replicas per rank can be added without changing user code.
+sync group is the group's rank ``i`` (job rank ``group.ranks[i]``); the mapping lives only in
+:meth:`ReplicaContext._rank_of` so that several replicas per rank can be added without changing
+user code. The primitives run on the communicator of the replicas that step together, which
+``Replicator.run`` makes current around ``step_fn``.
 
 The active replica context is a per-thread stack that :meth:`Replicator.run` pushes around each
 call of ``step_fn`` (eagerly, or while ``tf.function`` traces it). Using a primitive with no
@@ -19,6 +21,7 @@ from typing import Any, Iterator, Optional
 
 import tensorflow as tf
 
+from hpcrep.comm.communicator import Communicator
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import ReplicaContextError, ReplicatorError
 from hpcrep.tensorflow import collectives
@@ -78,11 +81,12 @@ class ReplicaContext:
     """
 
     def __init__(self, replica_id: int, num_replicas: int, group_id: int = 0,
-                 num_groups: int = 1) -> None:
+                 num_groups: int = 1, communicator: Optional[Communicator] = None) -> None:
         self._replica_id = int(replica_id)
         self._num_replicas = int(num_replicas)
         self.group_id = int(group_id)
         self.num_groups = int(num_groups)
+        self._communicator = communicator
 
     @property
     def replica_id(self) -> int:
@@ -148,8 +152,8 @@ class ReplicaContext:
         return tf.nest.pack_sequence_as(value, flat)
 
     def _rank_of(self, replica_id: int) -> int:
-        """Rank (in the current hpcrep world) that runs ``replica_id``: one replica per rank."""
-        return replica_id
+        """Job rank that runs ``replica_id`` (one replica per rank): collectives take job ranks."""
+        return replica_id if self._communicator is None else self._communicator.ranks[replica_id]
 
     def _check_active(self, what: str) -> None:
         stack = _stack()

@@ -4,9 +4,14 @@ Synchronous (the default): every replica steps in lockstep; primitives and ``wra
 span all replicas.
 
 Asynchronous, as TF-Replicator's sync groups: the ranks are split into ``num_groups`` contiguous
-groups (:mod:`hpcrep.comm.groups`). For the Replicator's lifetime hpcrep's world *is* this rank's
-group, so every primitive, ``wrap_optimizer`` and any ``hvd.*`` collective is synchronous within
-the group only. The groups share their parameters through a parameter store on one rank
+groups (:mod:`hpcrep.comm.groups`), each an :class:`hpcrep.comm.Communicator`. ``Replicator.run``
+and ``reduce`` run inside ``hpcrep.comm.using(group)``, so every primitive, the optimizer from
+``wrap_optimizer`` and any ``hvd.*`` collective called by ``step_fn`` is synchronous within the
+group only; TensorFlow's collectives bind the group when the step is traced, so a compiled step
+keeps it. Outside those calls collectives span the job, and ``hvd.rank()``/``hvd.size()`` always
+describe the job (``ReplicaContext.replica_id``/``num_replicas`` describe the group).
+
+The groups share their parameters through a parameter store on one rank
 (:class:`hpcrep.comm.param_store.ParamStore`, an MPI window with passive-target locks). Every
 ``exchange_every`` steps the group's first rank atomically adds the group's *delta* (how far its
 trainable variables moved since its previous exchange, times ``delta_scale``) to the store and
@@ -35,6 +40,7 @@ import tensorflow as tf
 
 from hpcrep.comm import collectives as host_collectives
 from hpcrep.comm import groups
+from hpcrep.comm.communicator import Communicator
 from hpcrep.comm.param_store import ParamStore
 from hpcrep.errors import ReplicatorError
 from hpcrep.tensorflow.bridge import host_call
@@ -90,7 +96,7 @@ def as_regime(regime: Any) -> Any:
 
 
 class GroupRuntime:
-    """The state of the asynchronous regime on one rank: group world, store, step counter.
+    """The state of the asynchronous regime on one rank: group communicator, store, step counter.
 
     Created by the Replicator (collective over every rank); :meth:`close` undoes it.
     """
@@ -98,8 +104,6 @@ class GroupRuntime:
     def __init__(self, config: SyncGroups) -> None:
         self.config = config
         self.layout = groups.split(config.num_groups)
-        self._group_world = groups.make_world(self.layout)
-        self._parent_world = groups.swap(self._group_world)
         self.store: Optional[ParamStore] = None
         self.variables: list[Any] = []
         self.steps: Optional[tf.Variable] = None
@@ -109,20 +113,10 @@ class GroupRuntime:
         self.exchanges = 0
         self.max_divergence = 0
 
-    # -- world switching ---------------------------------------------------------------------
-
-    def in_parent_world(self) -> Any:
-        """Context manager: run the block in the world of every group (e.g. scope broadcasts)."""
-        runtime = self
-
-        class _Parent:
-            def __enter__(self) -> None:
-                self._saved = groups.swap(runtime._parent_world)
-
-            def __exit__(self, *exc: Any) -> None:
-                groups.swap(self._saved)
-
-        return _Parent()
+    @property
+    def group(self) -> Communicator:
+        """This rank's sync group."""
+        return self.layout.group
 
     # -- parameter store ---------------------------------------------------------------------
 
@@ -139,7 +133,7 @@ class GroupRuntime:
         self.variables = [v for v in variables if v.dtype.is_floating and v.trainable]
         flat = self._flatten([np.asarray(v.numpy()) for v in self.variables])
         self._anchor = flat.copy()
-        self.store = ParamStore(self.layout.parent, flat.size, self.config.num_groups, flat,
+        self.store = ParamStore(self.layout.parent.comm, flat.size, self.config.num_groups, flat,
                                 host=self.config.store_rank)
         with tf.init_scope():
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -163,7 +157,8 @@ class GroupRuntime:
             self._reported = steps_now
             self._anchor = params.copy()
             payload[:n], payload[n:] = params, counts
-        payload = host_collectives.broadcast(payload, 0, name="replicator.exchange")
+        payload = host_collectives.broadcast(payload, self.group.ranks[0],
+                                             name="replicator.exchange", communicator=self.group)
         self._note(payload[n:].astype(np.int64))
         out, offset = [], 0
         for a in arrays:
@@ -211,14 +206,15 @@ class GroupRuntime:
         if self.store is None:
             return self.group_steps
         self.exchange()
-        self.layout.parent.Barrier()
+        self.layout.parent.comm.Barrier()
         n = self.store.num_params
         payload = np.zeros(n + self.config.num_groups, np.float64)
         if self.layout.group_rank == 0:
             params, counts = self.store.read()
             payload[:n], payload[n:] = params, counts
             self._anchor = params.copy()
-        payload = host_collectives.broadcast(payload, 0, name="replicator.join")
+        payload = host_collectives.broadcast(payload, self.group.ranks[0], name="replicator.join",
+                                             communicator=self.group)
         offset = 0
         for v in self.variables:
             size = int(np.prod(v.shape))
@@ -228,13 +224,11 @@ class GroupRuntime:
         return self.group_steps
 
     def close(self) -> None:
-        """Free the store and return to the world of every group.
+        """Free the store and the group communicator.
 
         Collective: every rank of every group must call this.
         """
-        groups.swap(self._parent_world)
         if self.store is not None:
             self.store.free()
             self.store = None
-        groups.free_world(self._group_world)
-        self.layout.group_comm.Free()
+        self.group.free()

@@ -57,8 +57,10 @@ class Replicator:
             :class:`~hpcrep.replicator.Synchronous` / :class:`~hpcrep.replicator.SyncGroups`.
 
     Creating and closing a Replicator is collective: every rank must do it, in the same order.
-    Initialises hpcrep if needed. In the asynchronous regime hpcrep's world is this rank's
-    group until :meth:`close` (see :mod:`hpcrep.replicator.regimes`).
+    Initialises hpcrep if needed. :meth:`run` and :meth:`reduce` run inside
+    ``hpcrep.comm.using(...)`` of the replicas that step together: the job, or in the
+    asynchronous regime this rank's sync group (see :mod:`hpcrep.replicator.regimes`); nothing
+    else changes, so ``hvd.rank()`` and ``hvd.size()`` keep describing the job.
     """
 
     def __init__(self, regime: Any = "sync") -> None:
@@ -68,6 +70,7 @@ class Replicator:
         self._group: Optional[GroupRuntime] = None
         if isinstance(self.regime, SyncGroups):
             self._group = GroupRuntime(self.regime)
+        self._communicator = self._group.group if self._group else comm.communicator()
         self._iterators: dict[tuple[int, int], tuple[Iterator, Callable]] = {}
         self._closed = False
 
@@ -89,6 +92,15 @@ class Replicator:
         return (self._world_rank,)
 
     @property
+    def communicator(self) -> comm.Communicator:
+        """The replicas that step together: the job, or this rank's sync group.
+
+        ``run`` and ``reduce`` make it current; elsewhere pass it as ``process_set=`` to an
+        ``hvd.*`` collective (or ``communicator=`` to :mod:`hpcrep.comm`) to reach the group.
+        """
+        return self._communicator
+
+    @property
     def group_id(self) -> int:
         """This rank's sync group (0 in the synchronous regime)."""
         return self._group.layout.group_id if self._group else 0
@@ -101,8 +113,10 @@ class Replicator:
     def _replica_context(self, local_index: int) -> ReplicaContext:
         if self._group:
             lay = self._group.layout
-            return ReplicaContext(lay.group_rank, lay.group_size, lay.group_id, lay.num_groups)
-        return ReplicaContext(self.local_replica_ids[local_index], self._world_size)
+            return ReplicaContext(lay.group_rank, lay.group_size, lay.group_id, lay.num_groups,
+                                  self._communicator)
+        return ReplicaContext(self.local_replica_ids[local_index], self._world_size,
+                              communicator=self._communicator)
 
     def _input_context(self, local_index: int) -> InputContext:
         return InputContext(self.local_replica_ids[local_index], self._world_size, self.group_id,
@@ -130,13 +144,10 @@ class Replicator:
 
         with tf.variable_creator_scope(record):
             yield self
-        if self._group:
-            with self._group.in_parent_world():
-                broadcast_variables(created, root_rank=0)
-            if any(v.trainable and v.dtype.is_floating for v in created):
-                self._group.attach(created)
-        else:
+        with comm.using(comm.communicator()):  # over the whole job, every group alike
             broadcast_variables(created, root_rank=0)
+        if self._group and any(v.trainable and v.dtype.is_floating for v in created):
+            self._group.attach(created)
 
     def wrap_optimizer(self, optimizer: keras.optimizers.Optimizer, **kwargs: Any
                        ) -> keras.optimizers.Optimizer:
@@ -202,19 +213,20 @@ class Replicator:
         self._check_open()
         kwargs = dict(kwargs or {})
         results = []
-        for i in range(len(self.local_replica_ids)):
-            call_args = tuple(_select(a, i) for a in args)
-            call_kwargs = {k: _select(v, i) for k, v in kwargs.items()}
-            if input_fn is not None:
-                call_args = (next(self._iterator(input_fn, i)),) + call_args
-            with ctx_mod.active(self._replica_context(i)):
-                results.append(step_fn(*call_args, **call_kwargs))
-        if self._group:
-            # Stateful ops already run in program order inside tf.function; tying the exchange
-            # to the step's results also keeps it after steps made only of pure ops.
-            deps = [t for t in tf.nest.flatten(results) if isinstance(t, tf.Tensor)]
-            with tf.control_dependencies(deps):
-                self._group.after_step()
+        with comm.using(self._communicator):
+            for i in range(len(self.local_replica_ids)):
+                call_args = tuple(_select(a, i) for a in args)
+                call_kwargs = {k: _select(v, i) for k, v in kwargs.items()}
+                if input_fn is not None:
+                    call_args = (next(self._iterator(input_fn, i)),) + call_args
+                with ctx_mod.active(self._replica_context(i)):
+                    results.append(step_fn(*call_args, **call_kwargs))
+            if self._group:
+                # Stateful ops already run in program order inside tf.function; tying the
+                # exchange to the step's results also keeps it after steps of only pure ops.
+                deps = [t for t in tf.nest.flatten(results) if isinstance(t, tf.Tensor)]
+                with tf.control_dependencies(deps):
+                    self._group.after_step()
         return PerReplica(tuple(results))
 
     def reduce(self, op: Any, value: Any, axis: Optional[int] = None) -> Any:
@@ -234,9 +246,10 @@ class Replicator:
         structure = per[0]
         flat = [[tf.convert_to_tensor(t) for t in tf.nest.flatten(v)] for v in per]
         outputs = []
-        for j in range(len(flat[0])):
-            local = tf.stack([f[j] for f in flat])  # [local replicas, ...]
-            outputs.append(self._reduce_one(reduce_op, local, axis))
+        with comm.using(self._communicator):
+            for j in range(len(flat[0])):
+                local = tf.stack([f[j] for f in flat])  # [local replicas, ...]
+                outputs.append(self._reduce_one(reduce_op, local, axis))
         return tf.nest.pack_sequence_as(structure, outputs)
 
     def _reduce_one(self, op: Any, local: tf.Tensor, axis: Optional[int]) -> tf.Tensor:
@@ -295,7 +308,7 @@ class Replicator:
                 "max_divergence": g.max_divergence, "exchanges": g.exchanges}
 
     def close(self) -> None:
-        """Release the regime's resources (the asynchronous regime's store and group world).
+        """Release the regime's resources (the asynchronous regime's store and group).
 
         Collective: every rank must call this. A closed Replicator cannot run again.
         """

@@ -4,9 +4,10 @@ The names and semantics are those of ``horovod.tensorflow``; a Horovod user chan
 This is the only package of hpcrep that imports TensorFlow.
 """
 
-from hpcrep.comm import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, cross_rank,
-                         cross_size, is_homogeneous, is_initialized, local_rank, local_size,
-                         mpi_threads_supported, rank, size)
+from hpcrep.comm import (Adasum, Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
+                         add_process_set, cross_rank, cross_size, global_process_set,
+                         is_homogeneous, is_initialized, local_rank, local_size,
+                         mpi_threads_supported, rank, remove_process_set, size)
 from hpcrep.comm import barrier as _barrier
 from hpcrep.tensorflow.basics import (cuda_built, gloo_built, gloo_enabled, init, mpi_built,
                                       mpi_enabled, nccl_built, rocm_built, shutdown)
@@ -24,23 +25,11 @@ from hpcrep.tensorflow.variables import (allgather_object, broadcast_object, bro
 
 
 def barrier(process_set: object = None) -> None:
-    """Wait until every rank arrives. Collective: every rank must call this."""
-    _barrier()
+    """Wait until every rank of ``process_set`` (default: the job) arrives.
 
-
-class _GlobalProcessSet:
-    """Horovod compatibility: the only process set hpcrep has, all ranks."""
-
-    process_set_id = 0
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return rank()
-
-
-global_process_set = _GlobalProcessSet()
+    Collective: every rank of the process set must call this.
+    """
+    _barrier(process_set)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -51,5 +40,5 @@ __all__ = [
     "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_variables",
     "barrier", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Compression",
     "DistributedOptimizer", "DistributedGradientTape", "SyncBatchNormalization",
-    "global_process_set", "transparent",
+    "global_process_set", "ProcessSet", "add_process_set", "remove_process_set", "transparent",
 ]

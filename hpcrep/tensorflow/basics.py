@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
@@ -37,13 +37,24 @@ def configure_threads() -> bool:
     return True
 
 
-def init(comm_: Any = None) -> None:
+def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> None:
     """Initialise MPI (see :func:`hpcrep.comm.init`) and size TensorFlow's thread pools.
 
-    Collective: every rank must call this, before any other hpcrep call.
+    Args:
+        comm_: see :func:`hpcrep.comm.init`.
+        process_sets: :class:`hpcrep.comm.ProcessSet` objects to register now (as Horovod's
+            ``hvd.init(process_sets=[...])``); ones already registered are left as they are.
+            ``"dynamic"`` is accepted and means none: hpcrep can always add sets later.
+
+    Collective: every rank must call this, before any other hpcrep call, with the same sets.
     """
     comm.init(comm_)
     configure_threads()
+    if process_sets is None or process_sets == "dynamic":
+        return
+    for process_set in process_sets:
+        if process_set.process_set_id is None:
+            comm.add_process_set(process_set)
 
 
 def shutdown() -> None:

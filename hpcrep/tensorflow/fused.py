@@ -40,19 +40,24 @@ def can_fuse(tensors: Sequence[tf.Tensor]) -> bool:
 
 
 def fused_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float,
-                    postscale: float, name: Optional[str]) -> list[tf.Tensor]:
+                    postscale: float, name: Optional[str],
+                    communicator: Optional[comm.Communicator] = None) -> list[tf.Tensor]:
     """Allreduce floating tensors with static shapes (any op); results in the same order.
 
-    Collective: every rank must call this, in the same order, with matching tensors.
+    ``communicator`` (default :func:`hpcrep.comm.current`) is resolved now, at trace time.
+
+    Collective: every rank of ``communicator`` must call this, in the same order, with matching
+    tensors.
     """
     shapes = [tuple(t.shape.as_list()) for t in tensors]
     layout = tuple((s, np.dtype(t.dtype.as_numpy_dtype).name) for s, t in zip(shapes, tensors))
     threshold = config.get("HPCREP_FUSION_THRESHOLD")  # fixed at trace time, on both sides
     buckets = fusion.plan(layout, threshold)
+    communicator = comm.resolve(communicator)
 
     def reduce_on_host(*arrays: np.ndarray) -> list[np.ndarray]:
         _, buffers = comm.grouped_allreduce_buckets(arrays, op, prescale, postscale, name,
-                                                    threshold)
+                                                    threshold, communicator=communicator)
         return buffers
 
     reduced = host_call(reduce_on_host, tensors,

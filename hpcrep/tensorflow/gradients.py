@@ -31,6 +31,9 @@ class GradientReducer:
             ``size / factor`` after it (Horovod semantics).
         num_groups: split the gradients into this many fused exchanges (0: one).
         groups: explicit grouping, a list of lists of variables (overrides ``num_groups``).
+        process_set: ranks to reduce over (a process set or communicator); None: the current
+            communicator when :meth:`reduce` is called (traced). On ranks outside a process
+            set the gradients pass through unreduced (Horovod's semantics).
     """
 
     op: Any = ReduceOp.Average
@@ -39,6 +42,7 @@ class GradientReducer:
     gradient_predivide_factor: float = 1.0
     num_groups: int = 0
     groups: Optional[Sequence[Sequence[Any]]] = None
+    process_set: Any = None
 
     def __post_init__(self) -> None:
         self.op = as_reduce_op(self.op)
@@ -58,7 +62,10 @@ class GradientReducer:
         Collective: every rank must call this, in the same order, with matching gradients.
         """
         grads = list(grads)
-        if comm.size() == 1 and self.op is ReduceOp.Average:
+        if isinstance(self.process_set, comm.ProcessSet) and not self.process_set.included():
+            return grads
+        communicator = comm.resolve(self.process_set)
+        if communicator.size() == 1 and self.op is ReduceOp.Average:
             return grads
         if self.sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
@@ -68,17 +75,19 @@ class GradientReducer:
                  if g is not None and not isinstance(g, tf.IndexedSlices)]
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
-                out[i] = collectives.allreduce(g, op=self.op, name=f"{name}.sparse.{i}")
+                out[i] = collectives.allreduce(g, op=self.op, name=f"{name}.sparse.{i}",
+                                               process_set=communicator)
         if self.op is ReduceOp.Average and self.gradient_predivide_factor != 1.0:
             op = ReduceOp.Sum
             pre = 1.0 / self.gradient_predivide_factor
-            post = self.gradient_predivide_factor / comm.size()
+            post = self.gradient_predivide_factor / communicator.size()
         else:
             op, pre, post = self.op, 1.0, 1.0
         for gi, group in enumerate(self._split(dense, variables)):
             reduced = collectives.grouped_allreduce(
                 [grads[i] for i in group], op=op, compression=self.compression,
-                prescale_factor=pre, postscale_factor=post, name=f"{name}.{gi}")
+                prescale_factor=pre, postscale_factor=post, name=f"{name}.{gi}",
+                process_set=communicator)
             for i, r in zip(group, reduced):
                 out[i] = r
         return out

@@ -103,7 +103,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
     """Return a copy of ``optimizer`` whose ``apply`` averages gradients across ranks first.
 
-    Arguments follow ``horovod.tensorflow.keras.DistributedOptimizer``; ``device_*``,
+    Arguments follow ``horovod.tensorflow.keras.DistributedOptimizer``: with ``process_set``
+    the gradients are averaged over that set, and ranks outside it apply their own gradients
+    unreduced (as Horovod does). ``device_*``,
     ``use_locking`` and ``scale_local_gradients`` are accepted and ignored (hpcrep reduces on
     the host). The copy is built from ``optimizer.get_config()``, so pass a fresh optimizer.
 
@@ -117,15 +119,14 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     if int(backward_passes_per_step) < 1:
         raise CollectiveArgumentError(
             f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
-        raise NotImplementedError("hpcrep supports only the global process set")
     cls = _distributed_class(type(optimizer))
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
     dist = cls.from_config(config)
     _set_distributed_state(dist, GradientReducer(op, compression, sparse_as_dense,
-                                                 gradient_predivide_factor, num_groups, groups),
+                                                 gradient_predivide_factor, num_groups, groups,
+                                                 process_set),
                            int(backward_passes_per_step), bool(average_aggregated_gradients))
     return dist
 

@@ -42,7 +42,9 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wrap a recorded ``tf.GradientTape`` so that ``gradient()`` averages across ranks.
 
-    Use it after the ``with tf.GradientTape() as tape:`` block, as in Horovod.
+    Use it after the ``with tf.GradientTape() as tape:`` block, as in Horovod. With
+    ``process_set`` the gradients are averaged over that set; ranks outside it get their own.
     """
     return _DistributedGradientTape(gradtape, GradientReducer(
-        op, compression, sparse_as_dense, gradient_predivide_factor, num_groups, groups))
+        op, compression, sparse_as_dense, gradient_predivide_factor, num_groups, groups,
+        process_set))

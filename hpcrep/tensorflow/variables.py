@@ -23,7 +23,7 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_se
         return tf.no_op()
     values = grouped_broadcast([v.value() if hasattr(v, "value") and callable(v.value)
                                 else tf.convert_to_tensor(v) for v in variables], root_rank,
-                               name="broadcast_variables")
+                               name="broadcast_variables", process_set=process_set)
     return tf.group(*[v.assign(x) for v, x in zip(variables, values)])
 
 
@@ -33,7 +33,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
 
     Collective: every rank must call this, in the same order.
     """
-    return comm.broadcast_object(obj, root_rank)
+    return comm.broadcast_object(obj, root_rank, process_set)
 
 
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
@@ -42,10 +42,10 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
 
     Collective: every rank must call this, in the same order.
     """
-    return comm.allgather_object(obj)
+    return comm.allgather_object(obj, process_set)
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
                         process_set: Any = None) -> Any:
     """Horovod compatibility: return a function that broadcasts its argument from ``root_rank``."""
-    return lambda obj: broadcast_object(obj, root_rank)
+    return lambda obj: broadcast_object(obj, root_rank, process_set=process_set)

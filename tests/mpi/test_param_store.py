@@ -1,5 +1,7 @@
 """ParamStore and sync groups (numpy only): atomic delta exchanges from every rank add up, step
-counters track each writer, and group worlds confine collectives to the group."""
+counters track each writer, and group communicators confine collectives to the group."""
+
+import threading
 
 import numpy as np
 import pytest
@@ -31,21 +33,36 @@ def test_exchanges_from_every_rank_add_up(world):
         store.free()
 
 
-def test_group_world_confines_collectives(world):
+def test_group_communicator_confines_collectives_without_changing_the_job(world):
     r, n = world
     num_groups = min(2, n)
     layout = groups.split(num_groups)
-    assert layout.group_id == groups.assignment(n, num_groups)[r]
-    group_world = groups.make_world(layout)
-    saved = groups.swap(group_world)
+    assigned = groups.assignment(n, num_groups)
+    members = [k for k in range(n) if assigned[k] == assigned[r]]
+    assert layout.group_id == assigned[r]
+    assert layout.group.ranks == tuple(members) and layout.group_rank == members.index(r)
+    assert layout.leaders == tuple(assigned.index(g) for g in range(num_groups))
     try:
-        assert hc.size() == layout.group_size and hc.rank() == layout.group_rank
-        total = hc.allreduce(np.array([1.0]), op=hc.Sum)
-        assert float(total[0]) == layout.group_size
+        explicit = hc.allreduce(np.array([float(r)]), op=hc.Sum, communicator=layout.group)
+        assert float(explicit[0]) == sum(members)
+        with hc.using(layout.group):
+            assert (hc.rank(), hc.size()) == (r, n)  # the job's, inside a group too
+            assert hc.current() is layout.group
+            seen = []
+            other = threading.Thread(target=lambda: seen.append(hc.current()))
+            other.start()
+            other.join()
+            assert seen == [hc.communicator()]  # context-local, not process-wide
+            total = hc.allreduce(np.array([1.0]), op=hc.Sum)
+            assert float(total[0]) == layout.group_size
+            # root_rank is a job rank: the group's last member
+            got = hc.broadcast(np.array([r]), root_rank=members[-1])
+            assert int(got[0]) == members[-1]
+        assert hc.current() is hc.communicator()
+        assert float(hc.allreduce(np.array([1.0]), op=hc.Sum)[0]) == n
     finally:
-        groups.swap(saved)
-    assert hc.size() == n
-    groups.free_world(group_world)
-    layout.group_comm.Free()
+        layout.group.free()
+    with pytest.raises(CollectiveArgumentError, match="has been freed"):
+        hc.allreduce(np.array([1.0]), communicator=layout.group)
     with pytest.raises(CollectiveArgumentError, match="num_groups must be between"):
         groups.assignment(n, n + 1)

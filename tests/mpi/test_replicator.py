@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import hpcrep.tensorflow as hvd
+from hpcrep.comm.groups import assignment as group_assignment
 from hpcrep.errors import ReplicaContextError, ReplicatorError
 from hpcrep.replicator import (CrossReplicaBatchNormalization, PerReplica, Replicator,
                                SyncGroups, get_replica_context)
@@ -238,7 +239,7 @@ def test_async_groups_within_test_world(world):
     groups = 2 if n >= 2 else 1
     x, y = global_data(n, seed=5)
     with Replicator(SyncGroups(num_groups=groups, exchange_every=2)) as arep:
-        assert hvd.size() == arep.num_replicas_in_sync  # hpcrep's world is the group
+        assert (hvd.rank(), hvd.size()) == (r, n)  # a group never changes the job's ranks
         keras.utils.set_random_seed(11 + r)
         with arep.scope():
             w = tf.Variable(tf.random.normal([FEATURES, 1]))
@@ -255,22 +256,64 @@ def test_async_groups_within_test_world(world):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(tf.square(xb @ w - yb))
             opt.apply(tape.gradient(loss, [w]), [w])
-            return ctx.all_reduce("sum", tf.ones([1])), loss
+            # hvd.* collectives called by step_fn span the group too; hvd.size() is the job's.
+            return ctx.all_reduce("sum", tf.ones([1])), loss, hvd.allreduce(
+                tf.constant([1.0]), op=hvd.Sum), tf.constant(hvd.size())
 
         train = tf.function(lambda: arep.run(step_fn, input_fn))
         first = None
         for _ in range(30):
-            ones, loss = train().values[0]
+            ones, loss, hvd_ones, job_size = train().values[0]
             first = float(loss) if first is None else first
-        assert float(ones[0]) == arep.num_replicas_in_sync
+        assert float(ones[0]) == float(hvd_ones[0]) == arep.num_replicas_in_sync
+        assert int(job_size) == n
+        assert hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy()[0] == n  # outside run()
+        in_group = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, process_set=arep.communicator)
+        assert in_group.numpy()[0] == arep.num_replicas_in_sync  # the group, when asked for
         steps = arep.join()
         assert list(steps) == [30] * groups
-    assert hvd.size() == n  # the world is back
+    assert hvd.size() == n
     final = hvd.allgather_object(w.numpy())
     for other in final[1:]:
         np.testing.assert_array_equal(final[0], other)
     full_loss = float(np.mean(np.square(x @ w.numpy() - y)))
     assert full_loss < first
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_async_group_primitives_span_the_group_with_job_ranks(world, compiled):
+    """In a sync group every primitive, reduce() and hvd.* collective called by step_fn see only
+    the group (the communicator is bound when the step is traced), while hvd.rank() stays the
+    job rank."""
+    r, n = world
+    num_groups = 2 if n >= 2 else 1
+    assigned = group_assignment(n, num_groups)
+    members = [k for k in range(n) if assigned[k] == assigned[r]]
+    with Replicator(SyncGroups(num_groups=num_groups)) as arep:
+        with arep.scope():
+            tf.Variable(1.0)
+
+        def step_fn():
+            ctx = get_replica_context()
+            me = hvd.rank()
+            return {"id": tf.constant(ctx.replica_id), "n": tf.constant(ctx.num_replicas),
+                    "rank": tf.constant(me),
+                    "gather": ctx.all_gather(tf.fill([me + 1, 2], float(me))),
+                    "bcast": ctx.broadcast(tf.fill([3], float(me)), ctx.num_replicas - 1),
+                    "sum": ctx.all_reduce("sum", tf.constant([float(me)])),
+                    "hvd_gather": hvd.allgather(tf.constant([me]))}
+
+        out = maybe_compile(lambda: arep.run(step_fn), compiled)()
+        v = {k: t.numpy() for k, t in out.values[0].items()}
+        total = arep.reduce("sum", PerReplica((tf.constant(1.0),)))
+        arep.join()
+    assert (int(v["id"]), int(v["n"]), int(v["rank"])) == (members.index(r), len(members), r)
+    np.testing.assert_array_equal(v["gather"], np.concatenate(
+        [np.full((k + 1, 2), float(k)) for k in members]))
+    np.testing.assert_array_equal(v["bcast"], np.full(3, float(members[-1])))
+    np.testing.assert_array_equal(v["sum"], [float(sum(members))])
+    np.testing.assert_array_equal(v["hvd_gather"], members)
+    assert float(total) == len(members)
 
 
 def test_reducing_one_tensor_twice_in_a_tf_function(world):
