@@ -8,7 +8,13 @@ and for ResNet-50's real gradient set (the trainable variables of
 - ``raw``: one mpi4py ``Allreduce(send, recv)`` on preallocated numpy arrays;
 - ``raw_inplace``: one mpi4py ``Allreduce(IN_PLACE, buf)``, the fastest raw form here;
 - ``hpcrep_numpy``: :func:`hpcrep.comm.allreduce` (Sum) on numpy;
-- ``hpcrep_tf``: ``hvd.grouped_allreduce`` (Sum) of TF tensors inside ``tf.function``.
+- ``hpcrep_tf``: ``hvd.grouped_allreduce`` (Sum) of TF tensors inside ``tf.function``;
+- ``hpcrep_tf_flat``: the same with ``HPCREP_HIERARCHICAL_ALLREDUCE=0``, only where the ranks
+  span several nodes and some node runs more than one (where the hierarchical path applies).
+
+With ``--cluster-nodes N [--link RATE]`` the jobs run across the multi-node test cluster
+(``tests/cluster``, root only) with ranks spread evenly over its nodes, and the report gives the
+link cap's lower bound for each size (:func:`bench.cluster.allreduce_lower_bound_ms`).
 
 Each figure is the median over repetitions of the slowest rank's time; the four variants take
 turns within each repetition. A single-process memcpy of 256 MB gives the ceiling for
@@ -75,6 +81,15 @@ def _interleaved_medians(comm: Any, variants: dict[str, Callable[[], Any]], reps
     return {name: float(np.median(times[k]) * 1e3) for k, name in enumerate(variants)}
 
 
+def _flat(fn: Callable[[], Any]) -> Any:
+    """Call ``fn`` with the hierarchical allreduce turned off (on every rank alike)."""
+    os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"] = "0"
+    try:
+        return fn()
+    finally:
+        del os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"]
+
+
 def worker(quick: bool) -> dict:
     """Run the measurements inside an MPI job; return rank 0's results (others return {}).
 
@@ -97,15 +112,23 @@ def worker(quick: bool) -> dict:
         tensors = [tf.constant(a) for a in arrays]
         graph = tf.function(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Sum))
         row: dict[str, Any] = {"bytes": int(total), "tensors": len(arrays), "reps": reps}
-        row.update(_interleaved_medians(comm, {
+        variants = {
             "raw_ms": lambda: comm.Allreduce(flat, out),
             "raw_inplace_ms": lambda: comm.Allreduce(MPI.IN_PLACE, out),
             "hpcrep_numpy_ms": lambda: hvd_comm.grouped_allreduce(arrays, hvd_comm.Sum),
             "hpcrep_tf_ms": lambda: graph(tensors),
-        }, reps))
+        }
+        if hierarchical_applies:
+            variants["hpcrep_tf_flat_ms"] = lambda: _flat(lambda: graph(tensors))
+        row.update(_interleaved_medians(comm, variants, reps))
         return row
 
     import hpcrep.comm as hvd_comm  # noqa: PLC0415
+
+    job = hvd_comm.world.communicator()
+    hierarchical_applies = job.nodes > 1 and job.widest_node > 1
+    results["nodes"] = job.nodes
+    results["ranks_per_node"] = comm.allgather(hvd_comm.local_size())
 
     for nbytes in (QUICK_SIZES if quick else SIZES):
         results["sizes"].append(measure([np.ones(nbytes // 4, np.float32)],
@@ -127,12 +150,15 @@ def worker(quick: bool) -> dict:
     return results if comm.Get_rank() == 0 else {}
 
 
-def run(ranks: Sequence[int], out_dir: str, quick: bool = False) -> dict:
+def run(ranks: Sequence[int], out_dir: str, quick: bool = False, cluster: Any = None) -> dict:
     """Benchmark at each rank count (one MPI job each); write allreduce.json/.md into ``out_dir``.
 
-    Local: call from one process; it starts the MPI jobs itself.
+    ``cluster`` (a :class:`bench.cluster.Cluster`) runs the jobs across its nodes instead of on
+    local ranks. Local: call from one process; it starts the MPI jobs itself.
     """
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
+
+    launch = cluster.mpirun_command if cluster is not None else mpirun_command
 
     os.makedirs(out_dir, exist_ok=True)
     report: dict[str, Any] = {
@@ -141,6 +167,7 @@ def run(ranks: Sequence[int], out_dir: str, quick: bool = False) -> dict:
         "machine": {"host": platform.node(), "cpus": os.cpu_count(),
                     "python": platform.python_version()},
         "memcpy_gbps": memcpy_gbps(),
+        "cluster": cluster.describe() if cluster is not None else None,
         "runs": {},
     }
     env = mpirun_env()
@@ -150,7 +177,7 @@ def run(ranks: Sequence[int], out_dir: str, quick: bool = False) -> dict:
             path = tmp.name
         command = [sys.executable, "-m", "bench.allreduce", "--worker", path] + (
             ["--quick"] if quick else [])
-        subprocess.run(mpirun_command(n, command), env=env, check=True)
+        subprocess.run(launch(n, command), env=env, check=True)
         with open(path) as f:
             report["runs"][str(n)] = json.load(f)
         os.unlink(path)
@@ -170,18 +197,30 @@ def render_markdown(report: dict) -> str:
     lines = [f"# Allreduce benchmark ({report['date']})", "",
              f"memcpy ceiling: {report['memcpy_gbps']:.1f} GB/s (one process, 256 MB).", "",
              "Times are medians of the slowest rank, in ms; GB/s is bytes / time.", ""]
+    cluster = report.get("cluster")
+    if cluster:
+        lines += [f"Across the test cluster: {cluster['nodes']} nodes, each link capped at "
+                  f"{cluster['link']} ({cluster['how']}). 'link bound' is the least time any "
+                  "allreduce needs through those links.", ""]
     for n, run_ in report["runs"].items():
-        lines += [f"## {n} ranks", "",
-                  "| bytes | raw | raw in-place | hpcrep numpy | hpcrep tf.function | "
-                  "tf / raw in-place | hpcrep tf GB/s |",
-                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        flat = "hpcrep_tf_flat_ms" in run_["resnet50"]
+        bound = cluster and cluster["link"] != "uncapped"
+        head = ("| bytes | raw | raw in-place | hpcrep numpy | hpcrep tf.function | "
+                + ("hpcrep tf flat | " if flat else "") + ("link bound | " if bound else "")
+                + "tf / raw in-place | hpcrep tf GB/s |")
+        lines += [f"## {n} ranks{_layout(run_)}", "", head,
+                  "|" + "---:|" * (head.count("|") - 1)]
         for row in run_["sizes"] + [run_["latency_1kb"], run_["resnet50"]]:
             label = _label(row)
-            lines.append(
-                f"| {label} | {row['raw_ms']:.3f} | {row['raw_inplace_ms']:.3f} | "
-                f"{row['hpcrep_numpy_ms']:.3f} | {row['hpcrep_tf_ms']:.3f} | "
-                f"{row['hpcrep_tf_ms'] / row['raw_inplace_ms']:.2f}x | "
-                f"{_gbps(row['bytes'], row['hpcrep_tf_ms']):.2f} |")
+            cells = [label, f"{row['raw_ms']:.3f}", f"{row['raw_inplace_ms']:.3f}",
+                     f"{row['hpcrep_numpy_ms']:.3f}", f"{row['hpcrep_tf_ms']:.3f}"]
+            if flat:
+                cells.append(f"{row['hpcrep_tf_flat_ms']:.3f}")
+            if bound:
+                cells.append(f"{_bound_ms(row['bytes'], run_, cluster):.3f}")
+            cells += [f"{row['hpcrep_tf_ms'] / row['raw_inplace_ms']:.2f}x",
+                      f"{_gbps(row['bytes'], row['hpcrep_tf_ms']):.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
         r50 = run_["resnet50"]
         lines += ["", f"ResNet-50 gradient set ({r50['tensors']} tensors, "
                   f"{r50['bytes'] / 1e6:.1f} MB): hpcrep grouped_allreduce in tf.function takes "
@@ -189,6 +228,21 @@ def render_markdown(report: dict) -> str:
                   f"bytes ({r50['ratio_vs_raw']:.2f}x the out-of-place one). 1 KB allreduce in "
                   f"tf.function: {run_['latency_1kb']['hpcrep_tf_ms']:.3f} ms.", ""]
     return "\n".join(lines)
+
+
+def _layout(run_: dict) -> str:
+    """' on 2 nodes (2 per node at most)' for a multi-node run, else nothing."""
+    nodes = run_.get("nodes", 1)
+    if nodes <= 1:
+        return ""
+    per = run_.get("ranks_per_node", [])
+    return f" on {nodes} nodes ({max(per) if per else '?'} per node at most)"
+
+
+def _bound_ms(nbytes: int, run_: dict, cluster: dict) -> float:
+    from bench.cluster import allreduce_lower_bound_ms  # noqa: PLC0415
+
+    return allreduce_lower_bound_ms(nbytes, run_.get("nodes", cluster["nodes"]), cluster["link"])
 
 
 def _label(row: dict) -> str:
@@ -203,6 +257,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--ranks", default="2,4", help="comma-separated rank counts")
     parser.add_argument("--out", default=None, help="output directory (default reports/<time>)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    parser.add_argument("--cluster-nodes", type=int, default=0,
+                        help="run across this many nodes of the test cluster (root)")
+    parser.add_argument("--link", help="cap each cluster node's link, e.g. 1gbit, 10gbit")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -212,7 +269,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 json.dump(results, f)
         return 0
     out = args.out or os.path.join("reports", time.strftime("%Y%m%d-%H%M%S"))
-    report = run([int(x) for x in args.ranks.split(",")], out, args.quick)
+    ranks = [int(x) for x in args.ranks.split(",")]
+    if args.cluster_nodes:
+        from bench.cluster import cluster  # noqa: PLC0415
+
+        with cluster(args.cluster_nodes, args.link) as nodes:
+            report = run(ranks, out, args.quick, nodes)
+    else:
+        report = run(ranks, out, args.quick)
     print(render_markdown(report))
     print(f"wrote {out}/allreduce.json and {out}/allreduce.md")
     return 0

@@ -50,10 +50,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-allreduce", action="store_true", help="skip the allreduce benchmark")
     parser.add_argument("--no-mwms", action="store_true", help="skip MultiWorkerMirroredStrategy")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per MPI job")
+    parser.add_argument("--cluster-nodes", type=int, default=0,
+                        help="run every job across this many nodes of the multi-node test "
+                             "cluster (tests/cluster, root; ranks spread evenly)")
+    parser.add_argument("--link", help="with --cluster-nodes: cap each node's link (1gbit, ...)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark and write the report; returns 0, or 1 if any job failed."""
+    if not args.cluster_nodes:
+        return _main(args, None)
+    if args.cluster_nodes < 1:
+        raise SystemExit(f"--cluster-nodes needs a positive number, got {args.cluster_nodes}")
+    from bench.cluster import cluster  # noqa: PLC0415
+
+    with cluster(args.cluster_nodes, args.link) as nodes:
+        return _main(args, nodes)
+
+
+def _main(args: argparse.Namespace, nodes: Any) -> int:
     from bench import report as report_mod  # noqa: PLC0415
 
     ranks = sorted({int(r) for r in args.ranks.split(",") if r.strip()})
@@ -67,15 +82,17 @@ def main(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
                               "quick": bool(args.quick), "ranks": ranks,
                               "machine": machine(), "versions": versions(), "models": {},
-                              "peers": {}, "errors": []}
+                              "peers": {}, "errors": [],
+                              "cluster": nodes.describe() if nodes is not None else None}
     models = MODELS if args.model == "all" else (args.model,)
     report["peers"]["horovod"] = horovod_status()
     modes = MODES + (("horovod",) if report["peers"]["horovod"]["status"] == "importable" else ())
     for model in models:
-        report["models"][model] = run_model(model, ranks, args, out, report["errors"], modes)
+        report["models"][model] = run_model(model, ranks, args, out, report["errors"], modes,
+                                            nodes)
     if not args.no_allreduce:
         report["allreduce"] = run_allreduce([r for r in ranks if r > 1] or [2], out, args.quick,
-                                            report["errors"])
+                                            report["errors"], nodes)
     report["seconds"] = time.time() - start
     report_mod.derive(report)
     with open(os.path.join(out, "report.json"), "w") as f:
@@ -87,18 +104,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
-              errors: list, modes: tuple = MODES) -> dict:
-    """Run ``model``'s benchmark job at each rank count; return {unit, runs: mode -> ranks -> r}."""
+              errors: list, modes: tuple = MODES, nodes: Any = None) -> dict:
+    """Run ``model``'s benchmark job at each rank count; return {unit, runs: mode -> ranks -> r}.
+
+    ``nodes`` (a :class:`bench.cluster.Cluster`) runs the jobs across its nodes.
+    """
     result: dict[str, Any] = {"runs": {}, "jobs": {}}
     for n in ranks:
         variants = [",".join(modes)]
-        if model == "resnet50" and not args.no_mwms:
+        # MultiWorkerMirroredStrategy is wired to localhost ports: local ranks only.
+        if model == "resnet50" and not args.no_mwms and nodes is None:
             variants.append("mwms")
         for variant in variants:
             path = os.path.join(out, "jobs", f"{model}-{n}-{variant.split(',')[0]}.json")
             extra = ["--port-base", str(free_port_base(n))] if variant == "mwms" else []
             data = run_job(model, n, ["--modes", variant, "--bench-json", path]
-                           + SETTINGS[model][args.quick] + extra, args.timeout, errors)
+                           + SETTINGS[model][args.quick] + extra, args.timeout, errors, nodes)
             if data is None:
                 continue
             result["unit"] = data["unit"]
@@ -113,16 +134,18 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
 
 
 def run_job(model: str, n: int, job_args: list[str], timeout: int,
-            errors: list) -> Optional[dict]:
-    """Run ``jobs/<model>.py`` on ``n`` ranks; return its JSON, or None (error recorded)."""
+            errors: list, nodes: Any = None) -> Optional[dict]:
+    """Run ``jobs/<model>.py`` on ``n`` ranks (across ``nodes`` if given); return its JSON, or
+    None (error recorded)."""
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
+
+    launch = nodes.mpirun_command if nodes is not None else mpirun_command
 
     path = job_args[job_args.index("--bench-json") + 1]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     env = mpirun_env()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    command = mpirun_command(n, [sys.executable, os.path.join(ROOT, "jobs", f"{model}.py")]
-                             + job_args)
+    command = launch(n, [sys.executable, os.path.join(ROOT, "jobs", f"{model}.py")] + job_args)
     label = f"{model} x{n} ({job_args[job_args.index('--modes') + 1]})"
     print(f"bench: {label} ...", flush=True)
     start = time.time()
@@ -143,13 +166,14 @@ def run_job(model: str, n: int, job_args: list[str], timeout: int,
     return data
 
 
-def run_allreduce(ranks: list[int], out: str, quick: bool, errors: list) -> dict:
-    """Run the lead's allreduce benchmark (``bench.allreduce.run``); record failures."""
+def run_allreduce(ranks: list[int], out: str, quick: bool, errors: list,
+                  nodes: Any = None) -> dict:
+    """Run the allreduce benchmark (``bench.allreduce.run``); record failures."""
     print(f"bench: allreduce benchmark at ranks {ranks} ...", flush=True)
     try:
         from bench import allreduce  # noqa: PLC0415
 
-        return allreduce.run(ranks, out, quick=quick)
+        return allreduce.run(ranks, out, quick=quick, cluster=nodes)
     except Exception as exc:  # noqa: BLE001 - record any failure of the peer benchmark
         errors.append(f"allreduce benchmark: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"}

@@ -65,3 +65,7 @@ class ReplicatorError(HpcrepError, ValueError):
 
 class TransparentModeError(HpcrepError, ValueError):
     """Transparent mode cannot run this script's training as written (e.g. too little data)."""
+
+
+class OneSidedUnavailableError(HpcrepError, RuntimeError):
+    """This MPI cannot create the one-sided (RMA) window a feature needs on this communicator."""

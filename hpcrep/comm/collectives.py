@@ -68,6 +68,35 @@ def _check_scales(op: ReduceOp, prescale: float, postscale: float) -> None:
             "factors or use op=Sum.")
 
 
+def _hierarchical(target: Any) -> bool:
+    """Whether allreduces on ``target`` go through node leaders (HPCREP_HIERARCHICAL_ALLREDUCE)."""
+    return (target.nodes > 1 and target.widest_node > 1
+            and bool(config.get("HPCREP_HIERARCHICAL_ALLREDUCE")))
+
+
+def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical: bool) -> None:
+    """Reduce ``buf`` across ``target``'s ranks in place: one flat ``MPI_Allreduce``, or
+    hierarchically (reduce to each node's local rank 0, allreduce among those leaders, broadcast
+    within the node), which sends one copy per node over the network instead of one per rank.
+    Every rank ends with the leaders' bitwise-identical result either way.
+
+    Collective over ``target``; the caller holds the collective lock.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    _, recvbuf, mpi_op = mpi_reduce_args(buf, op)
+    if not hierarchical:
+        target.comm.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
+        return
+    local = target.local
+    if local.Get_rank() == 0:
+        local.Reduce(MPI.IN_PLACE, recvbuf, op=mpi_op, root=0)
+        target.cross.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
+    else:
+        local.Reduce(recvbuf, None, op=mpi_op, root=0)
+    local.Bcast(recvbuf, root=0)
+
+
 def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
                               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                               name: Optional[str] = None, threshold: Optional[int] = None,
@@ -97,7 +126,9 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     with _collective("allreduce", names):
         target = resolve(communicator)  # .comm; .local and .cross for hierarchical reductions
         comm = target.comm
-        _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
+        hierarchical = _hierarchical(target)
+        _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor, hierarchical),
+               arrays, names)
         n = comm.Get_size()
         buckets = fusion.plan(tuple((a.shape, a.dtype.name) for a in arrays), threshold)
         buffers = []
@@ -106,7 +137,7 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
             pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
             buf = fusion.pack(bucket, arrays, pre)
             if n > 1:
-                comm.Allreduce(*mpi_reduce_args(buf, op))
+                _allreduce_in_place(target, buf, op, hierarchical)
             if op is ReduceOp.Average and not floating:
                 np.floor_divide(buf, n, out=buf)
             if postscale_factor != 1.0:

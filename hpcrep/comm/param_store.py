@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from hpcrep.errors import CollectiveArgumentError
+from hpcrep.errors import CollectiveArgumentError, OneSidedUnavailableError
 
 
 class ParamStore:
@@ -49,7 +49,17 @@ class ParamStore:
         self.num_params, self.num_writers = int(num_params), int(num_writers)
         self._length = self.num_params + self.num_writers
         is_host = comm.Get_rank() == self.host
-        self._win = MPI.Win.Allocate(self._length * 8 if is_host else 0, 8, comm=comm)
+        try:
+            self._win = MPI.Win.Allocate(self._length * 8 if is_host else 0, 8, comm=comm)
+        except MPI.Exception as exc:
+            raise OneSidedUnavailableError(
+                "the parameter store of Replicator's asynchronous regime (SyncGroups) needs an "
+                f"MPI one-sided window over {comm.Get_size()} ranks, and this MPI cannot create "
+                f"one ({exc.Get_error_string()}). Open MPI 4.1 over TCP has none that works "
+                "across nodes with MPI_THREAD_MULTIPLE (osc/pt2pt refuses that thread level; "
+                "osc/rdma needs RDMA hardware). Run the asynchronous regime within one node, use "
+                "an MPI with one-sided support on this network (Open MPI with UCX, or MPICH), or "
+                "use the synchronous regime.") from None
         if is_host:
             start = np.zeros(self._length, np.float64)
             if initial is not None:
@@ -104,3 +114,20 @@ class ParamStore:
         if self._win is not None:
             self._win.Free()
             self._win = None
+
+
+def windows_available(comm: Any) -> bool:
+    """Return True if this MPI can create a one-sided window over ``comm`` (as ParamStore needs).
+
+    Collective: every rank of ``comm`` must call this; all get the same answer.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    try:
+        win = MPI.Win.Allocate(8 if comm.Get_rank() == 0 else 0, 8, comm=comm)
+    except MPI.Exception:
+        ok = 0
+    else:
+        win.Free()
+        ok = 1
+    return bool(comm.allreduce(ok, op=MPI.MIN))
