@@ -76,9 +76,12 @@ def _hierarchical(target: Any) -> bool:
 
 def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical: bool) -> None:
     """Reduce ``buf`` across ``target``'s ranks in place: one flat ``MPI_Allreduce``, or
-    hierarchically (reduce to each node's local rank 0, allreduce among those leaders, broadcast
-    within the node), which sends one copy per node over the network instead of one per rank.
-    Every rank ends with the leaders' bitwise-identical result either way.
+    hierarchically, sending one copy of the buffer per node over the network instead of one per
+    rank. With the same number of ranks on every node, the node's ranks reduce-scatter the
+    buffer through shared memory, each allreduces its share with the ranks of the same local
+    rank on the other nodes (the node's ranks use the link side by side), and they allgather
+    the shares. Otherwise one leader per node reduces, allreduces with the other leaders and
+    broadcasts. Every rank ends with the same bits either way.
 
     Collective over ``target``; the caller holds the collective lock.
     """
@@ -88,10 +91,21 @@ def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical
     if not hierarchical:
         target.comm.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
         return
-    local = target.local
+    local, cross, mpi_type = target.local, target.cross, recvbuf[1]
+    if target.widest_node == target.narrowest_node:
+        width, me = local.Get_size(), local.Get_rank()
+        counts = np.full(width, buf.size // width, dtype=np.int64)
+        counts[: buf.size % width] += 1
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        share = fusion.POOL.take(buf.dtype, int(counts[me]))
+        local.Reduce_scatter([buf, mpi_type], [share, mpi_type], recvcounts=counts.tolist(),
+                             op=mpi_op)
+        cross.Allreduce(MPI.IN_PLACE, [share, mpi_type], op=mpi_op)
+        local.Allgatherv([share, mpi_type], [buf, counts.tolist(), displs.tolist(), mpi_type])
+        return
     if local.Get_rank() == 0:
         local.Reduce(MPI.IN_PLACE, recvbuf, op=mpi_op, root=0)
-        target.cross.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
+        cross.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
     else:
         local.Reduce(recvbuf, None, op=mpi_op, root=0)
     local.Bcast(recvbuf, root=0)

@@ -45,6 +45,7 @@ class Communicator:
         # on some node.
         self.nodes: int = comm.allreduce(int(self.local.Get_rank() == 0))
         self.widest_node: int = comm.allreduce(self.local.Get_size(), op=MPI.MAX)
+        self.narrowest_node: int = comm.allreduce(self.local.Get_size(), op=MPI.MIN)
 
     def _live(self) -> Any:
         if self.comm is None:
