@@ -8,6 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from hpcrep import comm, config
+from hpcrep.tensorflow.devices import pin_gpu
 
 
 def threads_per_rank() -> int:
@@ -38,12 +39,16 @@ def configure_threads() -> bool:
 
 
 def init(comm_: Any = None) -> None:
-    """Initialise MPI (see :func:`hpcrep.comm.init`) and size TensorFlow's thread pools.
+    """Initialise MPI (see :func:`hpcrep.comm.init`), size TensorFlow's thread pools and give
+    this rank one GPU, ``local_rank % visible GPUs`` (:mod:`hpcrep.tensorflow.devices`;
+    ``HPCREP_PIN_GPU=0`` turns that off).
 
-    Collective: every rank must call this, before any other hpcrep call.
+    Collective: every rank must call this, before any other hpcrep call and before TensorFlow
+    creates its first tensor.
     """
     comm.init(comm_)
     configure_threads()
+    pin_gpu()
 
 
 def shutdown() -> None:
