@@ -8,7 +8,8 @@ does it). With ``--api transparent`` (run under ``python -m hpcrep``) the script
 
 Deterministic: op determinism, fixed seeds, ``shuffle=False``. Writes OUT/final.weights.h5 (rank
 0), OUT/log.csv, and with ``--dump-start`` OUT/start.weights.h5 (the state fit starts from, after
-any restore); prints ``weights-digest <sha256>`` to stderr on every rank at the end. Each rank
+any restore); prints ``weights-digest <sha256>`` (model and optimizer variables) and
+``learning-rate <the rate the optimizer trained at>`` to stderr on every rank at the end. Each rank
 writes ``<pid> <epochs done>`` to PROGRESS.<MPI rank> after every epoch (for the test to kill it).
 """
 
@@ -104,3 +105,5 @@ if rank == 0:
     model.save_weights(os.path.join(args.out, "final.weights.h5"))
 state = b"".join(np.asarray(v.numpy()).tobytes() for v in model.variables + optimizer.variables)
 print(f"weights-digest {hashlib.sha256(state).hexdigest()}", file=sys.stderr, flush=True)
+print(f"learning-rate {float(np.asarray(optimizer.learning_rate)):.9g}", file=sys.stderr,
+      flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import time
@@ -52,7 +53,8 @@ def epochs_logged(out) -> list[int]:
 
 
 def digests(stderr: str) -> set[str]:
-    return {line.split()[1] for line in stderr.splitlines() if line.startswith("weights-digest")}
+    """Every rank's final state digest (ranks share one pipe: lines may run together)."""
+    return set(re.findall(r"weights-digest ([0-9a-f]{64})", stderr))
 
 
 def progress(prefix: str, rank: int) -> tuple[int | None, int]:
