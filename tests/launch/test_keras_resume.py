@@ -2,8 +2,8 @@
 command, and the run resumes from the last backup and ends bitwise equal to an uninterrupted run
 (model weights and every optimizer variable, compared dataset by dataset in the final weights
 file). Covered: ``keras.callbacks.BackupAndRestore`` and ``ModelCheckpoint`` +
-``model.load_weights`` under transparent mode, and ``hvd.callbacks.BackupAndRestore`` with the
-explicit API. The job is ``keras_resume_job.py`` (op determinism, fixed seeds, no shuffling)."""
+``model.load_weights`` under transparent mode, ``hvd.callbacks.BackupAndRestore`` with the
+explicit API, and ``HPCREP_CHECKPOINT_DIR`` with ``fit``. The job is ``keras_resume_job.py`` (op determinism, fixed seeds, no shuffling)."""
 
 from __future__ import annotations
 
@@ -65,10 +65,12 @@ def progress(prefix: str, rank: int) -> tuple[int | None, int]:
         return None, 0
 
 
-def run_and_kill(argv: list, prefix: str, victim: int, after: int, timeout: float = 240) -> str:
+def run_and_kill(argv: list, prefix: str, victim: int, after: int, timeout: float = 240,
+                 env: dict | None = None) -> str:
     """Start ``argv`` on RANKS ranks; SIGKILL rank ``victim`` once it finished ``after`` epochs;
     fail if the job does not end by itself afterwards. Return its output."""
-    env = mpirun_env({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"})
+    env = mpirun_env({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+                      **(env or {})})
     proc = subprocess.Popen(mpirun_command(RANKS, argv), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     killed, deadline = False, time.time() + timeout
@@ -94,9 +96,13 @@ def run_and_kill(argv: list, prefix: str, victim: int, after: int, timeout: floa
     ("transparent", "backup", 2),
     ("transparent", "modelcheckpoint", 0),  # rank 0 is the one that writes
     ("explicit", "backup", 3),
+    ("transparent", "HPCREP_CHECKPOINT_DIR", 1),  # hpcrep's own checkpoints, for comparison
 ])
 def test_kill9_then_rerun_resumes_bitwise(api, protect, victim):
     with scratch_dir(f"kresume-{protect}") as root:
+        env = {}
+        if protect == "HPCREP_CHECKPOINT_DIR":
+            protect, env = "none", {"HPCREP_CHECKPOINT_DIR": str(root / "dir")}
         ref = run_ranks(RANKS, job_argv(api, protect, root / "ref-dir", root / "ref"),
                         timeout=300)
         assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
@@ -104,10 +110,10 @@ def test_kill9_then_rerun_resumes_bitwise(api, protect, victim):
 
         argv = job_argv(api, protect, root / "dir", root / "out", EPOCHS,
                         "--sleep", "0.7", "--progress", str(root / "progress"))
-        run_and_kill(argv, str(root / "progress"), victim, KILL_AFTER)
+        run_and_kill(argv, str(root / "progress"), victim, KILL_AFTER, env=env)
         assert not (root / "out" / "final.weights.h5").exists()
 
-        again = run_ranks(RANKS, argv, timeout=300)
+        again = run_ranks(RANKS, argv, timeout=300, env=env)
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
         resumed_from = epochs_logged(root / "out")[0]
         assert KILL_AFTER <= resumed_from < EPOCHS  # not from scratch, not past the end
