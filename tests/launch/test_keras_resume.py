@@ -3,7 +3,8 @@ command, and the run resumes from the last backup and ends bitwise equal to an u
 (model weights and every optimizer variable, compared dataset by dataset in the final weights
 file). Covered: ``keras.callbacks.BackupAndRestore`` and ``ModelCheckpoint`` +
 ``model.load_weights`` under transparent mode, ``hvd.callbacks.BackupAndRestore`` with the
-explicit API, and ``HPCREP_CHECKPOINT_DIR`` with ``fit``. The job is ``keras_resume_job.py`` (op determinism, fixed seeds, no shuffling)."""
+explicit API, and ``HPCREP_CHECKPOINT_DIR`` with ``fit``. The job is ``keras_resume_job.py``
+(op determinism, fixed seeds, no shuffling)."""
 
 from __future__ import annotations
 
