@@ -234,11 +234,13 @@ def validate(o: JobOptions) -> None:
             _fail("signal", "[{R|B}:]<signal>[@<seconds>], e.g. USR2@300", o.signal)
     for line in o.sbatch_options:
         normalize_sbatch_option(line)
-    for name in ("output", "error", "checkpoint_dir"):
-        value = getattr(o, name)
-        if value is not None and (not value or any(c in value for c in "\n\r\"")):
-            _fail(name.replace("_", "-"), "a non-empty path without newlines or double quotes",
-                  value)
+    for name in ("output", "error"):
+        if getattr(o, name) is not None:
+            check_sbatch_value(name, getattr(o, name))
+    if o.checkpoint_dir is not None and (not o.checkpoint_dir or any(
+            c in o.checkpoint_dir for c in "\n\r\"")):
+        _fail("checkpoint-dir", "a non-empty path without newlines or double quotes",
+              o.checkpoint_dir)
     for m in o.modules:
         if not m or any(c.isspace() for c in m):
             _fail("module", "one module name without spaces per --module", m)
