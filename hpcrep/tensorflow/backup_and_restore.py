@@ -18,6 +18,7 @@ class. Every hook is collective: every rank must run ``fit`` with the callback.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -32,6 +33,12 @@ from hpcrep.tensorflow import lr_scale
 from hpcrep.tensorflow.variables import broadcast_variables
 
 _EPOCH_ATTR = "hpcrep_training_metadata"
+
+
+@functools.lru_cache(maxsize=None)
+def _combined(ours: type, theirs: type) -> type:
+    """A class that is both hpcrep's ``ours`` and the user's subclass ``theirs``."""
+    return type(f"Distributed{theirs.__name__}", (ours, theirs), {"__module__": theirs.__module__})
 
 
 def broadcast_model_state(model: Any, root_rank: int = 0) -> None:
@@ -66,8 +73,19 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     @classmethod
     def from_keras(cls, callback: keras.callbacks.BackupAndRestore) -> "BackupAndRestore":
-        """Return a copy of Keras's ``callback`` (same directory and settings) of this class."""
-        copy = cls.__new__(cls)
+        """Return a copy of Keras's ``callback`` (same directory and settings) of this class.
+
+        A user's subclass keeps its own hooks: the copy's class derives from this class and
+        from the subclass, so its ``on_train_begin`` runs (on rank 0) inside this one's.
+        """
+        kind = type(callback)
+        if issubclass(kind, cls):
+            return callback
+        if kind is not keras.callbacks.BackupAndRestore:
+            kind = _combined(cls, kind)
+        else:
+            kind = cls
+        copy = kind.__new__(kind)
         copy.__dict__.update(callback.__dict__)
         return copy
 

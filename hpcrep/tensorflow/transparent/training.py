@@ -45,8 +45,9 @@ def in_keras_loop() -> bool:
 
 
 def _distributed(callback: Any) -> Any:
-    """Keras's ``BackupAndRestore`` becomes hpcrep's (same files, every rank); others as given."""
-    if type(callback) is keras.callbacks.BackupAndRestore:
+    """Keras's ``BackupAndRestore`` (or a subclass) becomes hpcrep's (same files, every rank);
+    other callbacks stay as given."""
+    if isinstance(callback, keras.callbacks.BackupAndRestore):
         return BackupAndRestore.from_keras(callback)
     return callback
 
