@@ -18,13 +18,13 @@ from hpcrep import comm
 from hpcrep.errors import RemoteError
 
 # Suffixes that savers check by name; the temporary file keeps the longest one that matches.
-_SUFFIXES = (".weights.h5", ".weights.json", ".keras", ".h5", ".json")
+SUFFIXES = (".weights.h5", ".weights.json", ".keras", ".h5", ".json")
 
 
 def temporary_beside(path: str) -> str:
     """Return a temporary name next to ``path`` that ends like ``path`` does. Local."""
     directory, base = os.path.split(os.path.abspath(path))
-    suffix = next((s for s in _SUFFIXES if base.endswith(s) and base != s), "")
+    suffix = next((s for s in SUFFIXES if base.endswith(s) and base != s), "")
     stem = base[:len(base) - len(suffix)] if suffix else base
     return os.path.join(directory, f".{stem}.tmp-{os.getpid()}{suffix}")
 

@@ -71,3 +71,9 @@ def test_scaled_learning_rate_is_saved_unscaled(tmp_path):
     model.load_weights(str(tmp_path / "w.weights.h5"))  # the file's (unscaled) rate ...
     lr_scale.rescale_after_load(model.optimizer)         # ... scaled again for this run
     assert float(model.optimizer.learning_rate) == pytest.approx(0.04)
+
+
+def test_a_name_keras_refuses_is_refused_with_the_users_name(tmp_path):
+    with pytest.raises(ValueError, match="my-model-dir"):
+        _write_atomically(keras.Model.save, small_model(), (str(tmp_path / "my-model-dir"),), {})
+    assert os.listdir(tmp_path) == []

@@ -29,7 +29,8 @@ import keras
 import tensorflow as tf
 
 from hpcrep import comm
-from hpcrep.checkpoint.root_io import agree_outcome, commit, discard, temporary_beside
+from hpcrep.checkpoint.root_io import (SUFFIXES, agree_outcome, commit, discard,
+                                       temporary_beside)
 from hpcrep.tensorflow import lr_scale
 from hpcrep.tensorflow.backup_and_restore import broadcast_model_state
 from hpcrep.tensorflow.transparent.initial_values import local_only
@@ -39,13 +40,13 @@ from hpcrep.tensorflow.transparent.training import in_keras_loop
 
 def _write_atomically(original: Any, self: Any, args: tuple, kwargs: dict) -> Any:
     """Call the saver ``original`` on a temporary file beside the target, then rename it into
-    place. Paths that are not local files (``gs://``...) and refused overwrites go straight
-    through. Local (rank 0)."""
+    place. Paths that are not local files (``gs://``...), names Keras would refuse (so that its
+    message names the user's path) and refused overwrites go straight through. Local (rank 0)."""
     bound = inspect.signature(original).bind(self, *args, **kwargs)
     path = bound.arguments["filepath"]
     overwrite = bound.arguments.get("overwrite", True)
-    if not isinstance(path, (str, os.PathLike)) or "://" in os.fspath(path) or (
-            not overwrite and os.path.exists(path)):
+    if not isinstance(path, (str, os.PathLike)) or "://" in os.fspath(path) or not os.fspath(
+            path).endswith(SUFFIXES) or (not overwrite and os.path.exists(path)):
         return original(*bound.args, **bound.kwargs)
     tmp = temporary_beside(os.fspath(path))
     bound.arguments["filepath"] = tmp
