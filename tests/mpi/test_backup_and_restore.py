@@ -111,3 +111,14 @@ def test_transparent_load_weights_needs_the_file_on_rank_zero_only(world, shared
     for a, b in zip(target.get_weights(), source.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert int(target.optimizer.iterations.numpy()) == 7
+
+
+def test_transparent_load_weights_of_a_missing_file_raises_on_every_rank(world, shared_dir):
+    from hpcrep.tensorflow import transparent
+
+    r, n = world
+    with transparent(announce=False):
+        model = make_model(4)
+        with pytest.raises(HpcrepError if r else Exception) as raised:
+            model.load_weights(os.path.join(shared_dir, "absent.weights.h5"))
+    assert ("rank 0 failed in model.load_weights" in str(raised.value)) if r else True
