@@ -76,6 +76,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_CHECKPOINT_DIR", str, "",
             "Directory of HDF5 checkpoints for transparent mode (CheckpointCallback): resume "
             "from the newest good checkpoint there and save each epoch. Empty disables."),
+    Setting("HPCREP_PIN_GPU", _parse_bool, True,
+            "Each rank sees only GPU local_rank % visible GPUs: hvd.init() and transparent mode "
+            "set CUDA_VISIBLE_DEVICES (choosing among the entries it already holds, if set) "
+            "before TensorFlow starts its devices. 0 leaves the devices alone."),
     Setting("HPCREP_CHECKPOINT_KEEP", int, 3,
             "How many checkpoints CheckpointCallback keeps (at least 1; 2+ allows fallback)."),
 ]}

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
+from hpcrep.checkpoint.root_io import fsync_path
 from hpcrep.errors import CheckpointCorruptError, CheckpointError
 
 FORMAT = "hpcrep-checkpoint-1"
@@ -75,11 +76,7 @@ def write_atomic(path: str, arrays: Mapping[str, Any], attrs: Mapping[str, Any])
             f.attrs["format"] = FORMAT
             f.attrs["sha256"] = digest  # written last: a file without it is incomplete
             f.flush()
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -91,11 +88,7 @@ def write_atomic(path: str, arrays: Mapping[str, Any], attrs: Mapping[str, Any])
 
 def fsync_dir(directory: str) -> None:
     """Make a rename in ``directory`` durable (fsync the directory itself)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(directory)
 
 
 def read_verified(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

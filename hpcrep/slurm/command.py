@@ -1,7 +1,10 @@
 """``hpcrep slurm render|submit [options] -- command ...``: print or submit a batch script.
 
-    hpcrep slurm render --nodes 2 --tasks-per-node 4 --time 1:00:00 -- python train.py
-    hpcrep slurm submit --tasks-per-node 4 --signal-lead 120 --requeue -- python train.py
+    hpcrep slurm render --nodes 2 --ntasks-per-node 4 --time 1:00:00 -- python train.py
+    hpcrep slurm submit -N 1 --ntasks-per-node 4 --signal USR1@120 --requeue -J "resnet run" \
+        --sbatch-option=--mail-type=END -- python train.py
+
+Options are spelled as sbatch spells them; anything else goes through ``--sbatch-option``.
 
 ``submit`` validates everything first, then pipes the script to ``sbatch --parsable`` and
 prints the job id.
@@ -15,7 +18,7 @@ import sys
 from typing import Optional, Sequence
 
 from hpcrep.errors import SlurmOptionError
-from hpcrep.slurm.options import LAUNCHERS, MPI_PLUGINS, JobOptions
+from hpcrep.slurm.options import (LAUNCHERS, MPI_PLUGINS, JobOptions, parse_signal)
 from hpcrep.slurm.render import render
 
 
@@ -29,18 +32,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the job options (one flag per :class:`JobOptions` field) to ``p``."""
-    p.add_argument("--job-name", default="hpcrep")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--tasks-per-node", type=int, default=1)
-    p.add_argument("--cpus-per-task", type=int, default=1)
+    """Add the job options to ``p``, spelled as sbatch spells them (hpcrep's older spellings
+    ``--tasks-per-node`` and ``--signal-lead`` still work)."""
+    p.add_argument("-J", "--job-name", default="hpcrep")
+    p.add_argument("-N", "--nodes", type=int, default=1)
+    p.add_argument("-n", "--ntasks", type=int, help="total ranks (default nodes x "
+                   "ntasks-per-node)")
+    p.add_argument("--ntasks-per-node", "--tasks-per-node", type=int, dest="tasks_per_node",
+                   help="ranks per node (default 1, or as Slurm spreads --ntasks)")
+    p.add_argument("-c", "--cpus-per-task", type=int, default=1)
     p.add_argument("--gpus-per-node", type=int, default=0)
-    p.add_argument("--time", help="Slurm time limit: M, H:M:S, D-H:M ...")
-    p.add_argument("--partition")
-    p.add_argument("--account")
-    p.add_argument("--qos")
-    p.add_argument("--output", help="stdout path (%%j = job id)")
-    p.add_argument("--error", help="stderr path")
+    p.add_argument("--gres", help="generic resources, e.g. gpu:4")
+    p.add_argument("-t", "--time", help="Slurm time limit: M, H:M:S, D-H:M ...")
+    p.add_argument("-p", "--partition")
+    p.add_argument("-A", "--account")
+    p.add_argument("-q", "--qos")
+    p.add_argument("-o", "--output", help="stdout path (%%j = job id)")
+    p.add_argument("-e", "--error", help="stderr path")
+    p.add_argument("--mem", help="memory per node, e.g. 16G")
+    p.add_argument("--exclusive", action="store_true", help="whole nodes")
+    p.add_argument("-C", "--constraint", help="node features")
+    p.add_argument("--signal", help="sbatch's [{R|B}:]<signal>[@<seconds>]; USR1 makes ranks "
+                   "checkpoint (and requeue with --requeue)")
+    p.add_argument("--signal-lead", type=int, metavar="SECONDS",
+                   help="same as --signal USR1@SECONDS")
+    p.add_argument("--requeue", action="store_true", help="allow requeue (--requeue)")
+    p.add_argument("--sbatch-option", action="append", default=[], dest="sbatch_options",
+                   metavar="OPTION", help="any other #SBATCH option, one per flag (repeatable), "
+                   "e.g. --sbatch-option=--mail-type=END")
     p.add_argument("--module", action="append", default=[], dest="modules",
                    help="module to load (repeatable)")
     p.add_argument("--setup", action="append", default=[],
@@ -49,9 +68,6 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="variable to export (repeatable)")
     p.add_argument("--launcher", choices=LAUNCHERS, default="srun")
     p.add_argument("--mpi", choices=MPI_PLUGINS, default="pmix", help="srun --mpi plugin")
-    p.add_argument("--signal-lead", type=int, metavar="SECONDS",
-                   help="send SIGUSR1 this long before the time limit (checkpoint + requeue)")
-    p.add_argument("--requeue", action="store_true", help="allow requeue (--requeue)")
     p.add_argument("--checkpoint-dir", help="export HPCREP_CHECKPOINT_DIR")
     p.add_argument("--sbatch", default="sbatch", help=argparse.SUPPRESS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- program and arguments")
@@ -72,13 +88,25 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
         if not sep:
             raise SlurmOptionError(f"invalid env: expected NAME=VALUE; got {item!r}")
         env.append((key, value))
+    lead, other_signal = args.signal_lead, None
+    if args.signal is not None:
+        if lead is not None:
+            raise SlurmOptionError("give --signal or --signal-lead, not both")
+        lead, other_signal = parse_signal(args.signal)
+    tasks_per_node = args.tasks_per_node
+    if tasks_per_node is None and args.ntasks is None:
+        tasks_per_node = 1
     return JobOptions(command=tuple(command), job_name=args.job_name, nodes=args.nodes,
-                      tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task,
-                      gpus_per_node=args.gpus_per_node, time=args.time, partition=args.partition,
+                      ntasks=args.ntasks, tasks_per_node=tasks_per_node,
+                      cpus_per_task=args.cpus_per_task, gpus_per_node=args.gpus_per_node,
+                      gres=args.gres, time=args.time, partition=args.partition,
                       account=args.account, qos=args.qos, output=args.output, error=args.error,
+                      mem=args.mem, exclusive=args.exclusive, constraint=args.constraint,
                       modules=tuple(args.modules), setup=tuple(args.setup), env=tuple(env),
-                      launcher=args.launcher, mpi=args.mpi, signal_lead=args.signal_lead,
-                      requeue=args.requeue, checkpoint_dir=args.checkpoint_dir)
+                      launcher=args.launcher, mpi=args.mpi, signal_lead=lead,
+                      signal=other_signal, requeue=args.requeue,
+                      sbatch_options=tuple(args.sbatch_options),
+                      checkpoint_dir=args.checkpoint_dir)
 
 
 def submit(script: str, sbatch: str = "sbatch", extra: Sequence[str] = ()) -> str:

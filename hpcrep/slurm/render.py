@@ -1,8 +1,9 @@
 """Render a Slurm batch script from :class:`JobOptions`: a pure function over a Jinja2 template.
 
 The template ships inside the package (``hpcrep/slurm/templates/job.sh.j2``). Values that reach
-the shell are quoted with :func:`shlex.quote`; ``#SBATCH`` values with spaces are double-quoted
-(sbatch reads those lines itself; options reject newlines and double quotes).
+the shell are quoted with :func:`shlex.quote`; ``#SBATCH`` values with spaces or ``#`` are
+double-quoted (sbatch reads those lines itself and strips the quotes; options reject what quoting
+cannot make safe: newlines, double quotes, backslashes).
 """
 
 from __future__ import annotations
@@ -12,11 +13,7 @@ import shlex
 
 import jinja2
 
-from hpcrep.slurm.options import JobOptions
-
-
-def _sbatch_value(value: str) -> str:
-    return f'"{value}"' if any(c.isspace() for c in value) else value
+from hpcrep.slurm.options import JobOptions, quote_sbatch
 
 
 @functools.lru_cache(maxsize=1)
@@ -25,7 +22,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)
     env.filters["q"] = shlex.quote
-    env.filters["sbatch_value"] = _sbatch_value
+    env.filters["sbatch_value"] = quote_sbatch
     return env
 
 

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from hpcrep import comm, config
+from hpcrep.tensorflow.devices import pin_gpu
 
 
 def threads_per_rank() -> int:
@@ -38,7 +39,9 @@ def configure_threads() -> bool:
 
 
 def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> None:
-    """Initialise MPI (see :func:`hpcrep.comm.init`) and size TensorFlow's thread pools.
+    """Initialise MPI (see :func:`hpcrep.comm.init`), size TensorFlow's thread pools, give this
+    rank one GPU, ``local_rank % visible GPUs`` (:mod:`hpcrep.tensorflow.devices`;
+    ``HPCREP_PIN_GPU=0`` turns that off), and register ``process_sets``.
 
     Args:
         comm_: see :func:`hpcrep.comm.init`.
@@ -46,10 +49,12 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
             ``hvd.init(process_sets=[...])``); ones already registered are left as they are.
             ``"dynamic"`` is accepted and means none: hpcrep can always add sets later.
 
-    Collective: every rank must call this, before any other hpcrep call, with the same sets.
+    Collective: every rank must call this, with the same sets, before any other hpcrep call and
+    before TensorFlow creates its first tensor.
     """
     comm.init(comm_)
     configure_threads()
+    pin_gpu()
     if process_sets is None or process_sets == "dynamic":
         return
     for process_set in process_sets:

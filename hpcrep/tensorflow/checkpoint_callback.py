@@ -20,6 +20,7 @@ from hpcrep import comm, config
 from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, host_rng_state,
                                requeue, set_host_rng_state, slurm_job_id)
 from hpcrep.errors import CheckpointError
+from hpcrep.tensorflow import lr_scale
 
 log = logging.getLogger("hpcrep.checkpoint")
 
@@ -59,11 +60,15 @@ def _optimizer_variables(model: Any, optimizer: Any) -> list:
 def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
     """Return ``{"model": [...], "optimizer": [...], "rng": {...}}`` as numpy arrays. Local.
 
-    The optimizer is built first if needed, so its slots are included.
+    The optimizer is built first if needed, so its slots are included. A learning rate that
+    transparent mode multiplied by the number of ranks is saved unscaled
+    (:mod:`hpcrep.tensorflow.lr_scale`).
     """
-    return {"model": [np.asarray(v.numpy()) for v in model.variables],
-            "optimizer": [np.asarray(v.numpy()) for v in _optimizer_variables(model, optimizer)],
-            "rng": {**host_rng_state(), **tf_rng_state()}}
+    with lr_scale.unscaled(optimizer):
+        return {"model": [np.asarray(v.numpy()) for v in model.variables],
+                "optimizer": [np.asarray(v.numpy())
+                              for v in _optimizer_variables(model, optimizer)],
+                "rng": {**host_rng_state(), **tf_rng_state()}}
 
 
 def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> None:
@@ -89,6 +94,7 @@ def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> 
                                       f"{tuple(v.shape)}, the checkpoint has {a.shape}")
         for v, a in zip(variables, saved):
             v.assign(a)
+    lr_scale.rescale_after_load(optimizer)
     rng = ckpt.group("rng")
     if rng:
         set_host_rng_state(rng)

@@ -96,3 +96,79 @@ def test_gpu_pinning_by_local_rank():
                               env={"PATH": os.environ["PATH"], "SLURM_LOCALID": local},
                               capture_output=True, text=True)
         assert done.stdout.strip() == gpu, done.stderr
+
+
+# ----- sbatch's own spellings, quoting, the pass-through ------------------------------------
+
+CLI_GOLDEN = {
+    # The issue's command, verbatim: sbatch's --ntasks-per-node and a job name with a space.
+    "cli_sbatch_spellings": ["--nodes", "1", "--ntasks-per-node", "4", "--time", "00:05:00",
+                             "--job-name", "a b", "--", "cmd"],
+    "cli_every_option": ["-N", "2", "-n", "6", "-c", "3", "--gres", "gpu:a100:2", "-t", "2:00:00",
+                         "-J", "run #3 of sweep", "-p", "gpu,debug", "-A", "proj", "-q", "high",
+                         "-o", "logs/out %j.txt", "-e", "logs/err-%j.txt", "--mem", "16G",
+                         "--exclusive", "-C", "a100&ib", "--signal", "B:USR1@120", "--requeue",
+                         "--sbatch-option=--mail-type=END", "--sbatch-option", "-w node[1-2]",
+                         "--sbatch-option", "comment=nightly run", "--", "python", "train.py"],
+}
+
+
+def cli_render(argv, capsys) -> str:
+    assert hpcrep_main(["slurm", "render", *argv]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(CLI_GOLDEN))
+def test_cli_render_matches_golden(name, capsys):
+    script = cli_render(CLI_GOLDEN[name], capsys)
+    with open(os.path.join(GOLDEN, f"{name}.sh")) as f:
+        assert script == f.read()
+    done = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("short, long", [
+    (["-N", "2"], ["--nodes", "2"]), (["-n", "8"], ["--ntasks", "8"]),
+    (["-c", "4"], ["--cpus-per-task", "4"]), (["-t", "30"], ["--time", "30"]),
+    (["-J", "x"], ["--job-name", "x"]), (["-p", "gpu"], ["--partition", "gpu"]),
+    (["-A", "acc"], ["--account", "acc"]), (["-q", "low"], ["--qos", "low"]),
+    (["-o", "o.txt"], ["--output", "o.txt"]), (["-e", "e.txt"], ["--error", "e.txt"]),
+    (["-C", "ib"], ["--constraint", "ib"]),
+    (["--tasks-per-node", "4"], ["--ntasks-per-node", "4"]),  # hpcrep's older spelling
+    (["--signal-lead", "90"], ["--signal", "USR1@90"]),
+])
+def test_short_and_old_spellings_render_the_same(short, long, capsys):
+    assert cli_render([*short, "--", "x"], capsys) == cli_render([*long, "--", "x"], capsys)
+
+
+def test_sbatch_reads_a_quoted_job_name_as_one_value():
+    """What sbatch's #SBATCH parser does (quotes group, are dropped; '#' outside quotes starts
+    a comment), applied to the rendered line: shlex in POSIX mode with comments behaves alike."""
+    script = render(JobOptions(command=("x",), job_name="resnet run #2"))
+    line = next(l for l in script.splitlines() if l.startswith("#SBATCH --job-name"))
+    assert shlex.split(line[len("#SBATCH "):], comments=True) == ["--job-name=resnet run #2"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--sbatch-option=--nodes=3"], "use hpcrep's --nodes instead"),
+    (["--sbatch-option=-N 3"], "use hpcrep's --nodes instead"),
+    (["--sbatch-option=--mail-type=END --mail-user=a@b"], "one option"),
+    (["--sbatch-option=--comment=a\nb"], "sbatch-option"),
+    (["--sbatch-option=--comment=say \"hi\""], "double quotes"),
+    (["--sbatch-option", "=x"], "one sbatch option"),
+    (["-J", "a\"b"], "invalid job-name"), (["-J", "a\\b"], "invalid job-name"),
+    (["-J", "line\nbreak"], "invalid job-name"),
+    (["--mem", "lots"], "invalid mem"), (["--gres", "gpu 4"], "invalid gres"),
+    (["--signal", "USR1@soon"], "invalid signal"),
+    (["--signal", "USR1@60", "--signal-lead", "60"], "not both"),
+    (["-N", "2", "-n", "1"], "at least one task per node"),
+    (["-N", "1", "-n", "5", "--ntasks-per-node", "4"], "at most"),
+])
+def test_cli_refuses_what_cannot_be_made_safe(argv, match, capsys):
+    assert hpcrep_main(["slurm", "render", *argv, "--", "x"]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_gres_gpus_pin_ranks_like_gpus_per_node():
+    script = render(JobOptions(command=("x",), tasks_per_node=4, gres="gpu:h100:4"))
+    assert "% 4 ))" in script and '"${pin_gpu[@]}" x' in script

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from hpcrep import comm
+from hpcrep.tensorflow.backup_and_restore import BackupAndRestore  # noqa: F401 - hvd.callbacks
 from hpcrep.tensorflow.variables import broadcast_variables
 
 

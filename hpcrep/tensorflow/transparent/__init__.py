@@ -6,10 +6,11 @@
 - every variable starts with rank 0's value (:mod:`.initial_values`);
 - every Keras optimizer applies gradients averaged across ranks (:mod:`.gradients`);
 - ``fit``/``evaluate``/``predict`` shard their inputs by rank with equal step counts, average
-  logs and metrics, and keep file-writing callbacks on rank 0 (:mod:`.training`);
+  logs and metrics, keep file-writing callbacks on rank 0, and run Keras's ``BackupAndRestore``
+  as hpcrep's on every rank (:mod:`.training`);
 - a ``tf.data`` dataset iterated in a Python loop yields this rank's share (:mod:`.iteration`);
-- printing, ``model.save`` and ``save_weights`` happen on rank 0, and XLA is off
-  (:mod:`.rank_zero`).
+- printing, ``model.save`` and ``save_weights`` (atomic) happen on rank 0, ``load_weights``
+  reads on rank 0 for every rank, and XLA is off (:mod:`.rank_zero`).
 
 It is a thin layer over the explicit API (``DistributedOptimizer``'s class,
 ``broadcast_variables``, the Keras callbacks). Every patch is undone on exit, in reverse order.

@@ -9,6 +9,9 @@ code, not a copy. On exit every converted optimizer gets its own class back.
 
 Optimizers that override ``apply`` and delegate to an inner optimizer (``LossScaleOptimizer``)
 average in the inner one.
+
+With ``HPCREP_TRANSPARENT_SCALE_LR`` the rate is multiplied by the number of ranks at the same
+moment (:mod:`hpcrep.tensorflow.lr_scale`, which also keeps the factor out of saved files).
 """
 
 from __future__ import annotations
@@ -17,36 +20,11 @@ import weakref
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from hpcrep import comm, config
+from hpcrep.tensorflow.lr_scale import scale_learning_rate
 from hpcrep.tensorflow.optimizer import distribute_in_place, is_distributed
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
-
-
-class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """A learning-rate schedule multiplied by a constant (the number of ranks)."""
-
-    def __init__(self, schedule: Any, factor: float) -> None:
-        self.schedule = schedule
-        self.factor = float(factor)
-
-    def __call__(self, step: Any) -> Any:
-        return self.schedule(step) * self.factor
-
-    def get_config(self) -> dict:
-        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
-                "factor": self.factor}
-
-
-def scale_learning_rate(optimizer: Any, factor: float) -> None:
-    """Multiply ``optimizer``'s learning rate (a value or a schedule) by ``factor``. Local."""
-    with tf.init_scope():
-        current = optimizer._learning_rate
-        if isinstance(current, keras.optimizers.schedules.LearningRateSchedule):
-            optimizer._learning_rate = ScaledSchedule(current, factor)
-        else:
-            current.assign(current * factor)
 
 
 def install(patches: PatchSet) -> None:

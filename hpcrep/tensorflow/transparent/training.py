@@ -23,16 +23,16 @@ import keras
 import numpy as np
 
 from hpcrep import comm
+from hpcrep.tensorflow.backup_and_restore import BackupAndRestore
 from hpcrep.tensorflow.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                MetricAverageCallback, average_logs)
 from hpcrep.tensorflow.transparent import sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, ThreadRegion, defining_class
-from hpcrep.tensorflow.variables import broadcast_variables
 
-# Callbacks that write files or summaries: they run on rank 0 only.
+# Callbacks that write files or summaries: they run on rank 0 only. (Keras's BackupAndRestore is
+# not among them: fit replaces it by hpcrep's, which runs on every rank.)
 ROOT_ONLY_CALLBACKS: tuple[type, ...] = (keras.callbacks.ModelCheckpoint,
-                                         keras.callbacks.BackupAndRestore,
                                          keras.callbacks.TensorBoard, keras.callbacks.CSVLogger,
                                          keras.callbacks.ProgbarLogger)
 
@@ -44,17 +44,12 @@ def in_keras_loop() -> bool:
     return _keras_loop.active
 
 
-class AgreeOnRestoredState(keras.callbacks.Callback):
-    """After ``BackupAndRestore`` (rank 0 only) restored a backup, give every rank its state."""
-
-    def on_train_begin(self, logs: Optional[dict] = None) -> None:
-        """Collective: runs on every rank at the start of ``fit``."""
-        model = self.model
-        variables = list(model.variables)
-        if model.optimizer is not None:
-            variables += list(model.optimizer.variables)
-        broadcast_variables(variables, root_rank=0)
-        model._initial_epoch = comm.broadcast_object(getattr(model, "_initial_epoch", None), 0)
+def _distributed(callback: Any) -> Any:
+    """Keras's ``BackupAndRestore`` (or a subclass) becomes hpcrep's (same files, every rank);
+    other callbacks stay as given."""
+    if isinstance(callback, keras.callbacks.BackupAndRestore):
+        return BackupAndRestore.from_keras(callback)
+    return callback
 
 
 def distributed_callbacks(callbacks: Any, checkpoint: Optional[keras.callbacks.Callback] = None
@@ -63,16 +58,17 @@ def distributed_callbacks(callbacks: Any, checkpoint: Optional[keras.callbacks.C
 
     Order matters: the broadcast runs before anything trains, the averaging before any user
     callback reads the logs. Every rank decides the same list apart from the rank-0-only writers.
-    ``checkpoint`` (HPCREP_CHECKPOINT_DIR's :class:`CheckpointCallback`) runs on every rank: its
-    saves and signal handling are collective.
+    ``keras.callbacks.BackupAndRestore`` runs on every rank as
+    :class:`hpcrep.tensorflow.backup_and_restore.BackupAndRestore` (rank 0 reads and writes, every
+    rank gets the restored state and epoch). ``checkpoint`` (HPCREP_CHECKPOINT_DIR's
+    :class:`CheckpointCallback`) runs on every rank: its saves and signal handling are collective.
     """
     user = list(callbacks) if isinstance(callbacks, (list, tuple)) else (
         [] if callbacks is None else [callbacks])
-    restores = any(isinstance(cb, keras.callbacks.BackupAndRestore) for cb in user)
+    user = [_distributed(cb) for cb in user]
     kept = user if comm.rank() == 0 else [cb for cb in user
                                           if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
     return [BroadcastGlobalVariablesCallback(root_rank=0), MetricAverageCallback(), *kept,
-            *([AgreeOnRestoredState()] if restores else []),
             *([checkpoint] if checkpoint is not None else [])]
 
 

@@ -1,0 +1,92 @@
+"""Learning rates multiplied by the number of ranks, kept out of saved files.
+
+Transparent mode with ``HPCREP_TRANSPARENT_SCALE_LR`` multiplies an optimizer's learning rate by
+the number of ranks when the optimizer first applies gradients (:func:`scale_learning_rate`).
+Keras keeps a constant rate in an optimizer variable, so every saved file (weights files,
+``BackupAndRestore`` backups, hpcrep checkpoints) would hold the *scaled* rate, and a run resumed
+on another number of ranks (or resumed at all: the rate is scaled again at its first step) would
+train at the wrong rate. So savers write inside :func:`unscaled` (the file holds the rate the
+script asked for) and loaders call :func:`rescale_after_load` (an optimizer already scaled in
+this process gets its factor back). A resumed run therefore trains at ``base x ranks now``.
+
+Dividing by a factor that is not a power of two may change the last bit of the saved rate.
+Schedules are not variables: :class:`ScaledSchedule` wraps them and nothing is saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Iterator, Optional
+
+import keras
+import tensorflow as tf
+
+_factors: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
+
+
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning-rate schedule multiplied by a constant (the number of ranks)."""
+
+    def __init__(self, schedule: Any, factor: float) -> None:
+        self.schedule = schedule
+        self.factor = float(factor)
+
+    def __call__(self, step: Any) -> Any:
+        return self.schedule(step) * self.factor
+
+    def get_config(self) -> dict:
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
+                "factor": self.factor}
+
+
+def _rate_variable(optimizer: Any) -> Optional[Any]:
+    """The variable holding ``optimizer``'s constant learning rate, or None for a schedule."""
+    current = getattr(optimizer, "_learning_rate", None)
+    if current is None or isinstance(current, keras.optimizers.schedules.LearningRateSchedule):
+        return None
+    return current
+
+
+def scale_learning_rate(optimizer: Any, factor: float) -> None:
+    """Multiply ``optimizer``'s learning rate (a value or a schedule) by ``factor``. Local."""
+    with tf.init_scope():
+        variable = _rate_variable(optimizer)
+        if variable is None:
+            optimizer._learning_rate = ScaledSchedule(optimizer._learning_rate, factor)
+        else:
+            variable.assign(variable * factor)
+            _factors[optimizer] = float(factor)
+
+
+def factor(optimizer: Any) -> float:
+    """Return the factor this process multiplied ``optimizer``'s rate variable by (1: none)."""
+    return _factors.get(optimizer, 1.0) if optimizer is not None else 1.0
+
+
+@contextlib.contextmanager
+def unscaled(optimizer: Any) -> Iterator[None]:
+    """While the body runs (a save), ``optimizer``'s rate variable holds the unscaled rate;
+    afterwards it holds exactly the scaled value again. Local; a no-op for unscaled optimizers."""
+    f = factor(optimizer)
+    variable = _rate_variable(optimizer) if f != 1.0 else None
+    if variable is None:
+        yield
+        return
+    with tf.init_scope():
+        scaled = variable.numpy()
+        variable.assign(scaled / f)
+    try:
+        yield
+    finally:
+        with tf.init_scope():
+            variable.assign(scaled)
+
+
+def rescale_after_load(optimizer: Any) -> None:
+    """After a load wrote an unscaled rate into ``optimizer``, apply its factor again. Local."""
+    f = factor(optimizer)
+    variable = _rate_variable(optimizer) if f != 1.0 else None
+    if variable is not None:
+        with tf.init_scope():
+            variable.assign(variable * f)
