@@ -36,7 +36,7 @@ def sbatch_wait(cluster, script: str, tmp_path, timeout: float = 300) -> str:
 
 @pytest.mark.timeout(320)
 def test_rendered_job_runs_four_ranks_on_two_hosts(cluster, tmp_path):
-    script = render(JobOptions(command=(sys.executable, PROBE_TOPOLOGY), job_name="two-nodes",
+    script = render(JobOptions(command=(sys.executable, PROBE_TOPOLOGY), job_name="two nodes",
                                nodes=2, tasks_per_node=2, time="5",
                                output=str(tmp_path / "out.txt")))
     out = sbatch_wait(cluster, script, tmp_path)

@@ -97,8 +97,8 @@ def run_and_kill(argv: list, prefix: str, victim: int, after: int, timeout: floa
     ("transparent", "backup", 2),
     ("transparent", "modelcheckpoint", 0),  # rank 0 is the one that writes
     ("explicit", "backup", 3),
-    ("transparent", "HPCREP_CHECKPOINT_DIR", 1),  # hpcrep's own checkpoints, for comparison
-])
+])  # HPCREP_CHECKPOINT_DIR: rerun-and-resume in test_transparent_checkpoint.py; kill -9 and a
+# bitwise resume from hpcrep checkpoints in test_kill_resume.py (and across nodes, tests/cluster)
 def test_kill9_then_rerun_resumes_bitwise(api, protect, victim):
     with scratch_dir(f"kresume-{protect}") as root:
         env = {}

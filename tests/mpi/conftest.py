@@ -10,8 +10,10 @@ process, and mpirun then takes the job down: a hang fails the run.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
+import tempfile
 
 import pytest
 
@@ -58,6 +60,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for r, (host, c) in enumerate(everyone):
             summary = ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
             terminalreporter.write_line(f"hpcrep MPI suite rank {r}/{SIZE} on {host}: {summary}")
+
+
+@pytest.fixture
+def shared_dir():
+    """A fresh directory that every rank sees (made by rank 0), removed after the test."""
+    path = hc.broadcast_object(tempfile.mkdtemp(prefix="hpcrep-mpi-") if hc.rank() == 0 else None)
+    yield path
+    hc.barrier()
+    if hc.rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

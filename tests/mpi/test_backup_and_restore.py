@@ -3,8 +3,6 @@ rank, a backup rank 0 cannot write or read raises on every rank (no hang), and s
 temporary files behind. Runs under ``mpirun -n 4`` and ``-n 1``."""
 
 import os
-import shutil
-import tempfile
 
 import keras
 import numpy as np
@@ -20,15 +18,6 @@ B = 8
 @pytest.fixture(autouse=True, scope="module")
 def _init():
     hvd.init()
-
-
-@pytest.fixture
-def shared_dir():
-    path = hc.broadcast_object(tempfile.mkdtemp(prefix="hpcrep-bar-") if hc.rank() == 0 else None)
-    yield path
-    hc.barrier()
-    if hc.rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_model(seed):

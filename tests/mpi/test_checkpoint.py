@@ -2,8 +2,6 @@
 corrupt newest file makes every rank fall back to the same previous one."""
 
 import os
-import shutil
-import tempfile
 import warnings
 
 import numpy as np
@@ -11,15 +9,6 @@ import pytest
 
 import hpcrep.comm as hc
 from hpcrep.checkpoint import CheckpointManager, PreemptionSignal
-
-
-@pytest.fixture
-def shared_dir():
-    path = hc.broadcast_object(tempfile.mkdtemp(prefix="hpcrep-ckpt-") if hc.rank() == 0 else None)
-    yield path
-    hc.barrier()
-    if hc.rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def rank_state(r, step):

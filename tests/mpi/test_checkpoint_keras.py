@@ -2,8 +2,6 @@
 straight, the restored state is identical on all ranks, and a signal saves and stops training."""
 
 import os
-import shutil
-import tempfile
 
 import keras
 import numpy as np
@@ -20,15 +18,6 @@ B = 8
 @pytest.fixture(autouse=True, scope="module")
 def _init():
     hvd.init()
-
-
-@pytest.fixture
-def shared_dir():
-    path = hc.broadcast_object(tempfile.mkdtemp(prefix="hpcrep-kckpt-") if hc.rank() == 0 else None)
-    yield path
-    hc.barrier()
-    if hc.rank() == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_model(seed):
