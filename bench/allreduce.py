@@ -90,7 +90,7 @@ def _flat(fn: Callable[[], Any]) -> Any:
         del os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"]
 
 
-def worker(quick: bool) -> dict:
+def worker(quick: bool, resnet_only: bool = False) -> dict:
     """Run the measurements inside an MPI job; return rank 0's results (others return {}).
 
     Collective: every rank of the job must call this.
@@ -130,7 +130,7 @@ def worker(quick: bool) -> dict:
     results["nodes"] = job.nodes
     results["ranks_per_node"] = comm.allgather(hvd_comm.local_size())
 
-    for nbytes in (QUICK_SIZES if quick else SIZES):
+    for nbytes in ([] if resnet_only else QUICK_SIZES if quick else SIZES):
         results["sizes"].append(measure([np.ones(nbytes // 4, np.float32)],
                                         _reps_for(nbytes, quick)))
     tiny = [np.ones(256, np.float32)]  # 1 KB
@@ -150,7 +150,8 @@ def worker(quick: bool) -> dict:
     return results if comm.Get_rank() == 0 else {}
 
 
-def run(ranks: Sequence[int], out_dir: str, quick: bool = False, cluster: Any = None) -> dict:
+def run(ranks: Sequence[int], out_dir: str, quick: bool = False, cluster: Any = None,
+        resnet_only: bool = False) -> dict:
     """Benchmark at each rank count (one MPI job each); write allreduce.json/.md into ``out_dir``.
 
     ``cluster`` (a :class:`bench.cluster.Cluster`) runs the jobs across its nodes instead of on
@@ -175,8 +176,8 @@ def run(ranks: Sequence[int], out_dir: str, quick: bool = False, cluster: Any = 
     for n in ranks:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
             path = tmp.name
-        command = [sys.executable, "-m", "bench.allreduce", "--worker", path] + (
-            ["--quick"] if quick else [])
+        command = ([sys.executable, "-m", "bench.allreduce", "--worker", path]
+                   + (["--quick"] if quick else []) + (["--resnet-only"] if resnet_only else []))
         subprocess.run(launch(n, command), env=env, check=True)
         with open(path) as f:
             report["runs"][str(n)] = json.load(f)
@@ -260,10 +261,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cluster-nodes", type=int, default=0,
                         help="run across this many nodes of the test cluster (root)")
     parser.add_argument("--link", help="cap each cluster node's link, e.g. 1gbit, 10gbit")
+    parser.add_argument("--resnet-only", action="store_true",
+                        help="only ResNet-50's gradient set and the 1 KB latency (no size sweep)")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        results = worker(args.quick)
+        results = worker(args.quick, args.resnet_only)
         if results:
             with open(args.worker, "w") as f:
                 json.dump(results, f)
@@ -274,9 +277,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from bench.cluster import cluster  # noqa: PLC0415
 
         with cluster(args.cluster_nodes, args.link) as nodes:
-            report = run(ranks, out, args.quick, nodes)
+            report = run(ranks, out, args.quick, nodes, args.resnet_only)
     else:
-        report = run(ranks, out, args.quick)
+        report = run(ranks, out, args.quick, resnet_only=args.resnet_only)
     print(render_markdown(report))
     print(f"wrote {out}/allreduce.json and {out}/allreduce.md")
     return 0
