@@ -283,13 +283,14 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
     _check_scales(op, prescale_factor, postscale_factor)
     a = np.asarray(array)
     nm = name or "reducescatter.0"
-    if a.ndim == 0:
-        raise CollectiveArgumentError(
-            f"reducescatter of {nm!r} needs an array with at least one dimension, got a scalar.")
     with _lock:
         comm = world.comm()
         n, me = comm.Get_size(), comm.Get_rank()
         _agree("reducescatter", (op.name, prescale_factor, postscale_factor), [a], [nm])
+        if a.ndim == 0:  # after the agreement, so that ranks passing a scalar all raise, together
+            raise CollectiveArgumentError(
+                f"reducescatter of {nm!r} needs an array with at least one dimension to scatter, "
+                "got a scalar; reshape it to [1] (or allreduce it instead).")
         floating = a.dtype.kind in "fc" or a.dtype.name == "bfloat16"
         pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
         send = fusion.POOL.take(a.dtype, a.size)
