@@ -41,6 +41,10 @@ class CollectiveUnsupportedError(HpcrepError, NotImplementedError):
     with ``op=Max`` or with scale factors), as Horovod raises ``NotImplementedError`` there."""
 
 
+class JoinError(HpcrepError, RuntimeError):
+    """A collective ran while a rank waited in ``join()`` that cannot complete without it."""
+
+
 class RemoteError(HpcrepError):
     """Another rank failed; this rank stops so that the job does not hang."""
 

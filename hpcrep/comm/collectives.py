@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import check, fusion, world
+from hpcrep.comm import check, fusion, uneven, world
 from hpcrep.comm.dtypes import mpi_reduce_args
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
@@ -40,8 +40,8 @@ def _as_arrays(arrays: Sequence[Any]) -> list[np.ndarray]:
 
 def _agree(kind: str, params: tuple, arrays: Sequence[np.ndarray], names: Sequence[str],
            free_first_dim: bool = False) -> None:
-    if config.get("HPCREP_CHECK_COLLECTIVES"):
-        check.agree(world.comm(), (kind, params, check.entries(arrays, names, free_first_dim)))
+    if config.get("HPCREP_CHECK_COLLECTIVES") and not uneven.replaying():
+        uneven.agree(world.comm(), (kind, params, check.entries(arrays, names, free_first_dim)))
 
 
 def _check_scales(op: ReduceOp, prescale: float, postscale: float) -> None:
@@ -191,6 +191,7 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None
     names = _names(arrays, name, "allgather")
     with _lock:
         comm = world.comm()
+        _agree("allgather", (), arrays, names, free_first_dim=True)  # also serves join()
         signature = ("allgather", (), check.entries(arrays, names, free_first_dim=True))
         mine = np.array([check.signature_hash(signature)] + [a.shape[0] for a in arrays],
                         dtype=np.int64)
