@@ -16,6 +16,7 @@ from hpcrep.tensorflow.collectives import (allgather, allreduce, alltoall, broad
                                            grouped_broadcast, grouped_reducescatter,
                                            reducescatter)
 from hpcrep.tensorflow.compression import Compression
+from hpcrep.tensorflow import elastic
 from hpcrep.tensorflow.join import join
 from hpcrep.tensorflow.optimizer import DistributedOptimizer
 from hpcrep.tensorflow.sync_batch_norm import SyncBatchNormalization
@@ -52,6 +53,7 @@ __all__ = [
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
     "ccl_built", "ddl_built", "rank_op", "local_rank_op", "size_op", "local_size_op",
     "process_set_included_op", "broadcast_", "PartialDistributedGradientTape", "join",
+    "elastic",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "grouped_broadcast", "alltoall", "reducescatter", "grouped_reducescatter",
     "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_variables",
