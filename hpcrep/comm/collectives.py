@@ -2,7 +2,8 @@
 
 Every public function here is collective: every rank must call it, in the same order, with arrays
 of the same dtype and shape (for allgather and alltoall, all but the first dimension). Before any
-data moves, :func:`hpcrep.comm.check.agree` verifies that, so a mismatch raises
+data moves, :func:`hpcrep.comm.uneven.agree` (:func:`hpcrep.comm.check.agree` plus what ranks
+waiting in ``join()`` need) verifies that, so a mismatch raises
 :class:`~hpcrep.errors.CollectiveMismatchError` on every rank instead of hanging.
 
 Results are new arrays (views of pooled, aligned buffers; see :mod:`hpcrep.comm.fusion`); inputs
