@@ -25,6 +25,10 @@ class TFCollectiveMismatchError(CollectiveMismatchError, tf.errors.FailedPrecond
 
     def __init__(self, message: str) -> None:
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+        self.args = (message,)
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.message,)
 
 
 class TFCollectiveArgumentError(CollectiveArgumentError, tf.errors.InvalidArgumentError):
@@ -32,6 +36,10 @@ class TFCollectiveArgumentError(CollectiveArgumentError, tf.errors.InvalidArgume
 
     def __init__(self, message: str) -> None:
         tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+        self.args = (message,)
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.message,)
 
 
 def for_tensorflow(error: BaseException) -> BaseException:
