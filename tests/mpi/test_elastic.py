@@ -90,3 +90,38 @@ def test_object_state_and_reset_callbacks(world):
     state.register_reset_callbacks([lambda: seen.append("reset")])
     state.on_reset()
     assert seen == ["reset"]
+
+
+def test_keras_elastic_pattern_of_horovods_example(world):
+    """Horovod examples/tensorflow2/tensorflow2_keras_mnist_elastic.py's structure: KerasState,
+    reset callbacks, Update{Epoch,Batch}StateCallback, CommitStateCallback, @hvd.elastic.run."""
+    import hpcrep.tensorflow.keras as hvdk
+
+    r, n = world
+    keras.utils.set_random_seed(r)
+    model = keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01 * n)),
+                  loss="mse")
+    state = hvdk.elastic.KerasState(model, batch=0, epoch=0)
+    state.register_reset_callbacks([lambda: None])
+    callbacks = [hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
+                 hvdk.callbacks.MetricAverageCallback(),
+                 hvdk.elastic.UpdateEpochStateCallback(state),
+                 hvdk.elastic.UpdateBatchStateCallback(state),
+                 hvdk.elastic.CommitStateCallback(state, batches_per_commit=2)]
+    x = np.random.default_rng(r).normal(size=(16, 3)).astype("float32")
+
+    @hvdk.elastic.run
+    def train(state):
+        state.model.fit(x, x[:, :1], batch_size=4, callbacks=callbacks,
+                        epochs=3 - state.epoch, verbose=0)
+
+    train(state)
+    assert (state.epoch, state.batch) == (3, 0)
+    final = [w.copy() for w in model.get_weights()]
+    model.set_weights([w + 1 for w in final])
+    state.restore()  # the last commit was at the last batch (4 batches, every 2)
+    for w, f in zip(model.get_weights(), final):
+        np.testing.assert_array_equal(w, f)
+    gathered = hvd.allgather_object([w.tolist() for w in final])
+    assert all(g == gathered[0] for g in gathered)
