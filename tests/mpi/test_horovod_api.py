@@ -180,3 +180,16 @@ def test_learning_rate_schedule_staircase_and_smooth(world):
         initial_lr=None, multiplier=lambda e: 1.0 + e, staircase=False)], epochs=2)
     np.testing.assert_allclose(seen, [[1 + e + b / 4 for b in range(4)] for e in range(2)],
                                rtol=1e-6)
+
+
+def test_learning_rate_warmup_follows_horovods_per_batch_rate(world):
+    """Horovod LearningRateWarmupCallback: before batch b of epoch e (e < warmup_epochs) the rate
+    is lr / size * ((e + (b + 1) / steps) * (size - 1) / warmup + 1); then it is left alone."""
+    _, n = world
+    seen, history = _fit_recording_lr([hvdk.callbacks.LearningRateWarmupCallback(
+        initial_lr=0.8, warmup_epochs=2)], epochs=3, lr=0.8)
+    expected = [[0.8 / n * ((e + (b + 1) / 4) * (n - 1) / 2 + 1) for b in range(4)]
+                for e in range(2)] + [[0.8] * 4]
+    np.testing.assert_allclose(seen, expected, rtol=1e-6)
+    np.testing.assert_allclose(history.history["lr"], [0.8 / n * ((n - 1) / 2 + 1), 0.8, 0.8],
+                               rtol=1e-6)

@@ -37,7 +37,7 @@ def test_horovod_keras_mnist_example_trains(world, skip_missing):
     model, history = example.train(images, labels)
 
     losses = history.history["loss"]
-    assert losses[-1] < 0.8 * losses[0], losses  # it learns
+    assert losses[-1] < 0.85 * losses[0], losses  # it learns
     everyone = hvd.allgather_object(([w.tolist() for w in model.get_weights()],
                                      losses, history.history["lr"]))
     for weights, other_losses, lrs in everyone[1:]:

@@ -96,52 +96,6 @@ def _is_number(value: Any) -> bool:
     return True
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):
-    """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over warm-up epochs.
-
-    Follows Goyal et al. (2017) as Horovod does: at fractional epoch ``e`` the rate is
-    ``initial_lr / size * (e * (size - 1) / warmup_epochs + 1)``; after warm-up it is left alone.
-    ``initial_lr`` is the already-scaled rate (e.g. base rate x size).
-    """
-
-    def __init__(self, initial_lr: float, warmup_epochs: float = 5, momentum_correction: bool = True,
-                 steps_per_epoch: Optional[int] = None, verbose: int = 0) -> None:
-        super().__init__()
-        self.initial_lr = float(initial_lr)
-        self.warmup_epochs = float(warmup_epochs)
-        self.steps_per_epoch = steps_per_epoch
-        self.verbose = verbose
-        self.current_epoch = 0
-
-    def on_train_begin(self, logs: Optional[dict] = None) -> None:
-        if self.steps_per_epoch is None:
-            self.steps_per_epoch = self.params.get("steps") if self.params else None
-        if not self.steps_per_epoch:
-            raise ValueError("LearningRateWarmupCallback needs steps_per_epoch: pass it, or give "
-                             "fit() data of known length / steps_per_epoch=")
-
-    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
-        self.current_epoch = epoch
-
-    def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
-        epoch = self.current_epoch + float(batch) / self.steps_per_epoch
-        if epoch > self.warmup_epochs:
-            return
-        self.model.optimizer.learning_rate = self.rate_at(epoch)
-
-    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
-        if logs is not None:
-            logs["lr"] = float(np.asarray(self.model.optimizer.learning_rate))
-        if self.verbose and comm.rank() == 0 and epoch + 1 == int(np.ceil(self.warmup_epochs)):
-            print(f"\nEpoch {epoch + 1}: finished learning-rate warm-up to {self.initial_lr:g}.")
-
-    def rate_at(self, epoch: float) -> float:
-        """Return the warm-up learning rate at fractional ``epoch``."""
-        n = comm.size()
-        progress = min(epoch, self.warmup_epochs) / self.warmup_epochs if self.warmup_epochs else 1
-        return self.initial_lr / n * (progress * (n - 1) + 1)
-
-
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` between two epochs (Horovod's).
 
@@ -198,10 +152,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             return
         if self.staircase:
             if batch == 0:
-                self.model.optimizer.learning_rate = self.rate_at(self.current_epoch)
+                self.model.optimizer.learning_rate = self._scheduled(self.current_epoch)
         else:
             epoch = self.current_epoch + float(batch) / self.steps_per_epoch
-            self.model.optimizer.learning_rate = self.rate_at(epoch)
+            self.model.optimizer.learning_rate = self._scheduled(epoch)
 
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if logs is not None:
@@ -209,4 +163,42 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def rate_at(self, epoch: float) -> float:
         """Return the scheduled learning rate at (fractional) ``epoch``."""
+        return self._scheduled(epoch)
+
+    def _scheduled(self, epoch: float) -> float:
         return self.initial_lr * self.multiplier(epoch)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from ``initial_lr / size`` to ``initial_lr`` over warm-up epochs.
+
+    Follows Goyal et al. (2017) as Horovod does: at fractional epoch ``e`` the rate is
+    ``initial_lr / size * (e * (size - 1) / warmup_epochs + 1)`` (:meth:`rate_at`), applied before
+    each batch of the warm-up epochs at ``e = epoch + (batch + 1) / steps_per_epoch``, so that an
+    epoch's last batch runs at a round value, as in Horovod; after warm-up the rate is left alone.
+    ``initial_lr`` is the already-scaled rate (e.g. base rate x size). ``momentum_correction`` is
+    accepted and ignored (see :class:`LearningRateScheduleCallback`).
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: float = 5,
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
+                 verbose: int = 0) -> None:
+        super().__init__(initial_lr, self._multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = float(warmup_epochs)
+        self.verbose = verbose
+
+    def _multiplier(self, epoch: float) -> float:
+        return self.rate_at(epoch + 1.0 / self.steps_per_epoch) / self.initial_lr
+
+    def rate_at(self, epoch: float) -> float:
+        """Return the warm-up learning rate at fractional ``epoch`` (capped at ``initial_lr``)."""
+        n = comm.size()
+        progress = min(epoch, self.warmup_epochs) / self.warmup_epochs if self.warmup_epochs else 1
+        return self.initial_lr / n * (progress * (n - 1) + 1)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if self.verbose and comm.rank() == 0 and epoch + 1 == int(np.ceil(self.warmup_epochs)):
+            print(f"\nEpoch {epoch + 1}: finished learning-rate warm-up to {self.initial_lr:g}.")

@@ -13,7 +13,7 @@ import tensorflow as tf
 import hpcrep.tensorflow.keras as hvd  # was: import horovod.tensorflow.keras as hvd
 
 
-def train(images, labels, epochs=4, steps=24, batch=32):
+def train(images, labels, epochs=4, steps=64, batch=32):
     # Horovod: initialize Horovod.
     hvd.init()
 
