@@ -8,21 +8,28 @@ returns to the last snapshot, and ``sync()`` gives every rank rank 0's state (an
 What does not, because hpcrep has no elastic driver and MPI cannot shrink a running job: ranks
 are never added or removed while a job runs, so ``HostsUpdatedInterrupt`` never happens and reset
 callbacks never fire; a rank that fails ends the whole job (``hpcrep run`` aborts every rank, no
-hang), and ``run`` does not retry in-process. Commits live in memory, so a relaunched job starts
-from its initial state; to resume after a failure, checkpoint to disk (hpcrep's
-``CheckpointCallback`` or ``hpcrep.checkpoint``) and relaunch (``hpcrep run`` again, or Slurm's
-requeue). Scripts written for Horovod elastic run unchanged, as fixed-size jobs.
+hang), and ``run`` does not retry in-process. What replaces the retry is restart-from-commit:
+with ``HPCREP_ELASTIC_DIR`` set, rank 0 also writes every commit there, and the first ``sync`` of
+a relaunched job (``hpcrep run`` again, or a Slurm requeue; any number of ranks) resumes every rank
+from that commit. Keras states resume weights only into a built model (give it an ``Input``).
+Scripts written for Horovod elastic run unchanged, as fixed-size jobs.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import itertools
+import os
+import pickle
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
+from hpcrep import comm, config
 from hpcrep.tensorflow.variables import broadcast_object, broadcast_variables
+
+_state_ids = itertools.count()  # states are numbered in creation order, the same in every run
 
 
 class State:
@@ -30,6 +37,8 @@ class State:
 
     def __init__(self) -> None:
         self._reset_callbacks: list[Callable[[], None]] = []
+        self._state_id = next(_state_ids)
+        self._resume_checked = False
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Register functions to call when the job's membership changes (never, in hpcrep)."""
@@ -44,9 +53,37 @@ class State:
         """Horovod compatibility: hosts never change under hpcrep."""
 
     def commit(self) -> None:
-        """Snapshot the state in memory (what ``restore`` returns to). Local."""
+        """Snapshot the state (what ``restore`` returns to); with ``HPCREP_ELASTIC_DIR`` rank 0
+        also writes it to disk. Local."""
         self.save()
+        directory = config.get("HPCREP_ELASTIC_DIR")
+        if directory and comm.rank() == 0:
+            path = self._path(directory)
+            os.makedirs(directory, exist_ok=True)
+            with open(path + ".tmp", "wb") as f:
+                pickle.dump(self._snapshot(), f)
+            os.replace(path + ".tmp", path)  # a crash mid-write leaves the previous commit
         self.check_host_updates()
+
+    def _resume_from_disk(self) -> None:
+        """On the first sync, load the last commit written by a previous run into rank 0."""
+        if self._resume_checked:
+            return
+        self._resume_checked = True
+        directory = config.get("HPCREP_ELASTIC_DIR")
+        if directory and comm.rank() == 0 and os.path.exists(self._path(directory)):
+            with open(self._path(directory), "rb") as f:
+                self._load_snapshot(pickle.load(f))
+            self.restore()
+
+    def _path(self, directory: str) -> str:
+        return os.path.join(directory, f"elastic-state-{self._state_id}.pkl")
+
+    def _snapshot(self) -> dict:
+        raise NotImplementedError
+
+    def _load_snapshot(self, snapshot: dict) -> None:
+        raise NotImplementedError
 
     def check_host_updates(self) -> None:
         """Horovod compatibility: there are no host updates without a driver. Local."""
@@ -91,9 +128,16 @@ class ObjectState(State):
 
     def sync(self) -> None:
         """Give every rank rank 0's last snapshot of the attributes. Collective."""
+        self._resume_from_disk()
         if self._saved_state:
             self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
+
+    def _snapshot(self) -> dict:
+        return {"attrs": self._saved_state}
+
+    def _load_snapshot(self, snapshot: dict) -> None:
+        self._saved_state = snapshot["attrs"]
 
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():
@@ -129,11 +173,19 @@ class TensorFlowState(ObjectState):
 
     def sync(self) -> None:
         """Give every rank rank 0's variables and attributes, and snapshot them. Collective."""
+        self._resume_from_disk()
         variables = self.variables()
         if variables:
             broadcast_variables(variables, root_rank=0)
         self._save_variables()
         super().sync()
+
+    def _snapshot(self) -> dict:
+        return {**super()._snapshot(), "values": self._values}
+
+    def _load_snapshot(self, snapshot: dict) -> None:
+        super()._load_snapshot(snapshot)
+        self._values = snapshot["values"]
 
     def _save_variables(self) -> None:
         self._values = [np.array(v.numpy(), copy=True) for v in self.variables()]
@@ -154,6 +206,23 @@ class TensorFlowKerasState(TensorFlowState):
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         super().__init__(**kwargs)
+
+    def restore(self) -> None:
+        if len(self._values) > len(self.model.variables):
+            self._build_optimizer()  # its slots are in the snapshot
+        super().restore()
+
+    def sync(self) -> None:
+        """Build the optimizer of a built model (so every rank syncs the same variables), then
+        give every rank rank 0's state and snapshot it. Collective."""
+        self._build_optimizer()
+        super().sync()
+
+    def _build_optimizer(self) -> None:
+        optimizer = self.optimizer
+        if optimizer is not None and not optimizer.built and self.model.built \
+                and self.model.trainable_variables:
+            optimizer.build(self.model.trainable_variables)
 
     def variables(self) -> list[Any]:
         found = list(self.model.variables)
