@@ -244,23 +244,13 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
     with _lock:
         comm = world.comm()
         n = comm.Get_size()
-        if a.ndim == 0:
-            raise CollectiveArgumentError(
-                f"alltoall of {nm!r} needs an array with at least one dimension, got a scalar.")
-        if splits is None:
-            if a.shape[0] % n:
-                raise CollectiveArgumentError(
-                    f"alltoall of {nm!r} without splits needs a first dimension divisible by the "
-                    f"number of ranks ({n}), got shape {list(a.shape)}; pass splits=[...] with "
-                    f"{n} entries that sum to {a.shape[0]}.")
-            send_rows = np.full(n, a.shape[0] // n, dtype=np.int64)
-        else:
-            send_rows = np.asarray(splits, dtype=np.int64).reshape(-1)
-            if send_rows.size != n or (send_rows < 0).any() or send_rows.sum() != a.shape[0]:
-                raise CollectiveArgumentError(
-                    f"alltoall of {nm!r}: splits must have one non-negative entry per rank ({n}) "
-                    f"summing to the first dimension {a.shape[0]}; got {list(send_rows)}.")
-        _agree("alltoall", (), [a], [nm], free_first_dim=True)
+        send_rows, problem = _alltoall_rows(a, splits, n, nm)
+        # The verdict is part of the agreement, so a bad argument on some ranks is an error on
+        # every rank (a mismatch), never a hang; bad arguments on all ranks raise it everywhere.
+        _agree("alltoall", ("arguments ok" if problem is None else "bad arguments",), [a], [nm],
+               free_first_dim=True)
+        if problem is not None:
+            raise CollectiveArgumentError(problem)
         recv_rows = np.empty(n, dtype=np.int64)
         comm.Alltoall(send_rows, recv_rows)
         row = int(np.prod(a.shape[1:], dtype=np.int64))
@@ -271,6 +261,25 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
         comm.Alltoallv([a.view(np.uint8).reshape(-1), (sc, sd)],
                        [result.view(np.uint8), (rc, rd)])
         return result.reshape((int(recv_rows.sum()),) + a.shape[1:]), recv_rows
+
+
+def _alltoall_rows(a: np.ndarray, splits: Optional[Sequence[int]], n: int,
+                   nm: str) -> tuple[Optional[np.ndarray], Optional[str]]:
+    """Return the rows to send to each rank, or None and what is wrong with the arguments."""
+    if a.ndim == 0:
+        return None, f"alltoall of {nm!r} needs an array with at least one dimension, got a scalar."
+    if splits is None:
+        if a.shape[0] % n:
+            return None, (f"alltoall of {nm!r} without splits needs a first dimension divisible "
+                          f"by the number of ranks ({n}), got shape {list(a.shape)}; pass "
+                          f"splits=[...] with {n} entries that sum to {a.shape[0]}.")
+        return np.full(n, a.shape[0] // n, dtype=np.int64), None
+    send_rows = np.asarray(splits, dtype=np.int64).reshape(-1)
+    if send_rows.size != n or (send_rows < 0).any() or send_rows.sum() != a.shape[0]:
+        return None, (f"alltoall of {nm!r}: splits must have one non-negative entry per rank "
+                      f"({n}) summing to the first dimension {a.shape[0]}; got "
+                      f"{list(send_rows)}.")
+    return send_rows, None
 
 
 def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,

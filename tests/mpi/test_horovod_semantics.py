@@ -289,3 +289,12 @@ def test_replicator_all_gather_keeps_tf_distribute_summed_gradient(world):
     finally:
         rep.close()
     np.testing.assert_allclose(grad, np.full([2, 1], n * (n + 1) / 2))
+
+
+def test_bad_alltoall_splits_on_one_rank_is_an_error_on_every_rank(multi):
+    """A bad argument seen by one rank only must not leave the others waiting in MPI."""
+    r, n = multi
+    splits = [1] * (n + 1) if r == 0 else [1] * n
+    with pytest.raises(tf.errors.FailedPreconditionError, match="bad arguments"):
+        hvd.alltoall(tf.ones([n + 1 if r == 0 else n, 2]), splits=splits)
+    np.testing.assert_array_equal(hvd.alltoall(tf.ones([n])), np.ones(n))  # still in step
