@@ -82,6 +82,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "before TensorFlow starts its devices. 0 leaves the devices alone."),
     Setting("HPCREP_CHECKPOINT_KEEP", int, 3,
             "How many checkpoints CheckpointCallback keeps (at least 1; 2+ allows fallback)."),
+    Setting("HPCREP_ELASTIC_DIR", str, "",
+            "Directory where hvd.elastic states also write each commit (rank 0), and from which "
+            "a relaunched job's first sync resumes. Empty: commits stay in memory."),
 ]}
 
 

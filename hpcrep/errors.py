@@ -1,8 +1,11 @@
 """The one exception hierarchy of hpcrep.
 
 Every error hpcrep raises derives from :class:`HpcrepError`. Errors that describe a bad argument
-also derive from :class:`ValueError` (or :class:`TypeError`) so that callers who catch the builtin
-exceptions, as Horovod users do, keep working.
+also derive from :class:`ValueError` (or :class:`TypeError`), and unsupported combinations from
+:class:`NotImplementedError`, so that callers who catch the builtin exceptions, as Horovod users
+do, keep working. This module never imports TensorFlow: :mod:`hpcrep.tensorflow.errors` adds the
+subclasses that are also ``tf.errors`` types (Horovod raises ``FailedPreconditionError`` and
+``InvalidArgumentError`` from its ops).
 
 A message says what is wrong, what was expected, what was received, and how to fix it.
 """
@@ -31,6 +34,15 @@ class CollectiveMismatchError(HpcrepError, ValueError):
 
     Raised on every rank, with a message naming the tensor and what each rank passed.
     """
+
+
+class CollectiveUnsupportedError(HpcrepError, NotImplementedError):
+    """A collective was asked for a combination it does not implement (e.g. ``tf.IndexedSlices``
+    with ``op=Max`` or with scale factors), as Horovod raises ``NotImplementedError`` there."""
+
+
+class JoinError(HpcrepError, RuntimeError):
+    """A collective ran while a rank waited in ``join()`` that cannot complete without it."""
 
 
 class RemoteError(HpcrepError):

@@ -2,7 +2,8 @@
 
 Every public function here is collective: every rank must call it, in the same order, with arrays
 of the same dtype and shape (for allgather and alltoall, all but the first dimension). Before any
-data moves, :func:`hpcrep.comm.check.agree` verifies that, so a mismatch raises
+data moves, :func:`hpcrep.comm.uneven.agree` (:func:`hpcrep.comm.check.agree` plus what ranks
+waiting in ``join()`` need) verifies that, so a mismatch raises
 :class:`~hpcrep.errors.CollectiveMismatchError` on every rank instead of hanging.
 
 Results are new arrays (views of pooled, aligned buffers; see :mod:`hpcrep.comm.fusion`); inputs
@@ -25,7 +26,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import check, fusion, watchdog
+from hpcrep.comm import check, fusion, uneven, watchdog
 from hpcrep.comm.current import resolve
 from hpcrep.comm.dtypes import mpi_reduce_args
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
@@ -56,8 +57,8 @@ def _as_arrays(arrays: Sequence[Any]) -> list[np.ndarray]:
 
 def _agree(comm: Any, kind: str, params: tuple, arrays: Sequence[np.ndarray],
            names: Sequence[str], free_first_dim: bool = False) -> None:
-    if config.get("HPCREP_CHECK_COLLECTIVES"):
-        check.agree(comm, (kind, params, check.entries(arrays, names, free_first_dim)))
+    if config.get("HPCREP_CHECK_COLLECTIVES") and not uneven.replaying():
+        uneven.agree(comm, (kind, params, check.entries(arrays, names, free_first_dim)))
 
 
 def _check_scales(op: ReduceOp, prescale: float, postscale: float) -> None:
@@ -251,6 +252,7 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None,
     names = _names(arrays, name, "allgather")
     with _collective("allgather", names):
         comm = resolve(communicator).comm
+        _agree(comm, "allgather", (), arrays, names, free_first_dim=True)  # also serves join()
         signature = ("allgather", (), check.entries(arrays, names, free_first_dim=True))
         mine = np.array([check.signature_hash(signature)] + [a.shape[0] for a in arrays],
                         dtype=np.int64)
@@ -304,23 +306,13 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
     with _collective("alltoall", [nm]):
         comm = resolve(communicator).comm
         n = comm.Get_size()
-        if a.ndim == 0:
-            raise CollectiveArgumentError(
-                f"alltoall of {nm!r} needs an array with at least one dimension, got a scalar.")
-        if splits is None:
-            if a.shape[0] % n:
-                raise CollectiveArgumentError(
-                    f"alltoall of {nm!r} without splits needs a first dimension divisible by the "
-                    f"number of ranks ({n}), got shape {list(a.shape)}; pass splits=[...] with "
-                    f"{n} entries that sum to {a.shape[0]}.")
-            send_rows = np.full(n, a.shape[0] // n, dtype=np.int64)
-        else:
-            send_rows = np.asarray(splits, dtype=np.int64).reshape(-1)
-            if send_rows.size != n or (send_rows < 0).any() or send_rows.sum() != a.shape[0]:
-                raise CollectiveArgumentError(
-                    f"alltoall of {nm!r}: splits must have one non-negative entry per rank ({n}) "
-                    f"summing to the first dimension {a.shape[0]}; got {list(send_rows)}.")
-        _agree(comm, "alltoall", (), [a], [nm], free_first_dim=True)
+        send_rows, problem = _alltoall_rows(a, splits, n, nm)
+        # The verdict is part of the agreement, so a bad argument on some ranks is an error on
+        # every rank (a mismatch), never a hang; bad arguments on all ranks raise it everywhere.
+        _agree(comm, "alltoall", ("arguments ok" if problem is None else "bad arguments",), [a],
+               [nm], free_first_dim=True)
+        if problem is not None:
+            raise CollectiveArgumentError(problem)
         recv_rows = np.empty(n, dtype=np.int64)
         comm.Alltoall(send_rows, recv_rows)
         row = int(np.prod(a.shape[1:], dtype=np.int64))
@@ -331,6 +323,25 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
         comm.Alltoallv([a.view(np.uint8).reshape(-1), (sc, sd)],
                        [result.view(np.uint8), (rc, rd)])
         return result.reshape((int(recv_rows.sum()),) + a.shape[1:]), recv_rows
+
+
+def _alltoall_rows(a: np.ndarray, splits: Optional[Sequence[int]], n: int,
+                   nm: str) -> tuple[Optional[np.ndarray], Optional[str]]:
+    """Return the rows to send to each rank, or None and what is wrong with the arguments."""
+    if a.ndim == 0:
+        return None, f"alltoall of {nm!r} needs an array with at least one dimension, got a scalar."
+    if splits is None:
+        if a.shape[0] % n:
+            return None, (f"alltoall of {nm!r} without splits needs a first dimension divisible "
+                          f"by the number of ranks ({n}), got shape {list(a.shape)}; pass "
+                          f"splits=[...] with {n} entries that sum to {a.shape[0]}.")
+        return np.full(n, a.shape[0] // n, dtype=np.int64), None
+    send_rows = np.asarray(splits, dtype=np.int64).reshape(-1)
+    if send_rows.size != n or (send_rows < 0).any() or send_rows.sum() != a.shape[0]:
+        return None, (f"alltoall of {nm!r}: splits must have one non-negative entry per rank "
+                      f"({n}) summing to the first dimension {a.shape[0]}; got "
+                      f"{list(send_rows)}.")
+    return send_rows, None
 
 
 def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,
@@ -346,13 +357,14 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
     _check_scales(op, prescale_factor, postscale_factor)
     a = np.asarray(array)
     nm = name or "reducescatter.0"
-    if a.ndim == 0:
-        raise CollectiveArgumentError(
-            f"reducescatter of {nm!r} needs an array with at least one dimension, got a scalar.")
     with _collective("reducescatter", [nm]):
         comm = resolve(communicator).comm
         n, me = comm.Get_size(), comm.Get_rank()
         _agree(comm, "reducescatter", (op.name, prescale_factor, postscale_factor), [a], [nm])
+        if a.ndim == 0:  # after the agreement, so that ranks passing a scalar all raise, together
+            raise CollectiveArgumentError(
+                f"reducescatter of {nm!r} needs an array with at least one dimension to scatter, "
+                "got a scalar; reshape it to [1] (or allreduce it instead).")
         floating = a.dtype.kind in "fc" or a.dtype.name == "bfloat16"
         pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
         send = fusion.POOL.take(a.dtype, a.size)

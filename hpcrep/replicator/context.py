@@ -129,11 +129,12 @@ class ReplicaContext:
                 "tf.reshape(value, [1]) instead")
         rank = value.shape.rank
         axis = axis + rank if axis < 0 else axis
-        if axis == 0:
-            return collectives.allgather(value, name="replica.all_gather")
+        if axis == 0:  # gradients summed across replicas, as tf.distribute's all_gather does
+            return collectives.gather_rows(value, "replica.all_gather", ReduceOp.Sum)
         perm = [axis] + [d for d in range(rank) if d != axis]
         inverse = [perm.index(d) for d in range(rank)]
-        gathered = collectives.allgather(tf.transpose(value, perm), name="replica.all_gather")
+        gathered = collectives.gather_rows(tf.transpose(value, perm), "replica.all_gather",
+                                           ReduceOp.Sum)
         return tf.transpose(gathered, inverse)
 
     def broadcast(self, value: Any, source_replica: int = 0) -> Any:
@@ -147,7 +148,7 @@ class ReplicaContext:
                 f"broadcast from replica {source_replica}, but replicas are numbered "
                 f"0..{self._num_replicas - 1}")
         root = self._rank_of(int(source_replica))
-        flat = [collectives.broadcast(tf.convert_to_tensor(v), root, name="replica.broadcast")
+        flat = [collectives.broadcast_from(v, root, "replica.broadcast", ReduceOp.Sum)
                 for v in tf.nest.flatten(value)]
         return tf.nest.pack_sequence_as(value, flat)
 

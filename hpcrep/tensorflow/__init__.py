@@ -9,19 +9,24 @@ from hpcrep.comm import (Adasum, Average, Max, Min, Product, ProcessSet, ReduceO
                          is_homogeneous, is_initialized, local_rank, local_size,
                          mpi_threads_supported, rank, remove_process_set, size)
 from hpcrep.comm import barrier as _barrier
-from hpcrep.tensorflow.basics import (cuda_built, gloo_built, gloo_enabled, init, mpi_built,
-                                      mpi_enabled, nccl_built, rocm_built, shutdown)
+from hpcrep.tensorflow.basics import (ccl_built, cuda_built, ddl_built, gloo_built,
+                                      gloo_enabled, init, mpi_built, mpi_enabled, nccl_built,
+                                      rocm_built, shutdown)
 from hpcrep.tensorflow.collectives import (allgather, allreduce, alltoall, broadcast,
                                            grouped_allgather, grouped_allreduce,
                                            grouped_broadcast, grouped_reducescatter,
                                            reducescatter)
 from hpcrep.tensorflow.compression import Compression
+from hpcrep.tensorflow import elastic
+from hpcrep.tensorflow.join import join
 from hpcrep.tensorflow.optimizer import DistributedOptimizer
 from hpcrep.tensorflow.sync_batch_norm import SyncBatchNormalization
-from hpcrep.tensorflow.tape import DistributedGradientTape
+from hpcrep.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
+from hpcrep.tensorflow.topology_ops import (local_rank_op, local_size_op, process_set_included_op,
+                                            rank_op, size_op)
 from hpcrep.tensorflow.transparent import transparent
-from hpcrep.tensorflow.variables import (allgather_object, broadcast_object, broadcast_object_fn,
-                                         broadcast_variables)
+from hpcrep.tensorflow.variables import (allgather_object, broadcast_, broadcast_object,
+                                         broadcast_object_fn, broadcast_variables)
 
 
 def barrier(process_set: object = None) -> None:
@@ -35,6 +40,9 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
+    "ccl_built", "ddl_built", "rank_op", "local_rank_op", "size_op", "local_size_op",
+    "process_set_included_op", "broadcast_", "PartialDistributedGradientTape", "join",
+    "elastic",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "grouped_broadcast", "alltoall", "reducescatter", "grouped_reducescatter",
     "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_variables",

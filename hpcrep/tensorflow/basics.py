@@ -100,3 +100,13 @@ def cuda_built() -> bool:
 def rocm_built() -> bool:
     """Horovod compatibility: hpcrep's collectives run on the host."""
     return False
+
+
+def ccl_built() -> bool:
+    """Horovod compatibility: hpcrep does not use oneCCL."""
+    return False
+
+
+def ddl_built() -> bool:
+    """Horovod compatibility: hpcrep does not use IBM DDL."""
+    return False

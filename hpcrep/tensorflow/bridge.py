@@ -13,13 +13,14 @@ collectives of one function in program order on every rank. XLA cannot compile i
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
 from hpcrep.errors import HpcrepError
+from hpcrep.tensorflow.errors import for_tensorflow
 
 
 def _exclude_hpcrep_from_autograph() -> None:
@@ -66,11 +67,21 @@ def host_call(fn: Callable[..., Sequence], tensors: Sequence[tf.Tensor],
     """Run ``fn(*arrays) -> list of arrays`` on the host and return its results as tensors.
 
     ``out_shapes`` (one ``tf.TensorShape`` or None per output) restores the static shapes that
-    ``tf.numpy_function`` loses. Local; ``fn`` itself is usually collective.
+    ``tf.numpy_function`` loses. hpcrep errors raised by ``fn`` arrive as their TensorFlow-typed
+    subclasses (:mod:`hpcrep.tensorflow.errors`). Local; ``fn`` itself is usually collective.
     """
     require_no_xla(name)
-    outs = tf.numpy_function(lambda *a: list(fn(*a)), list(tensors), list(out_dtypes),
-                             stateful=True, name=name)
+
+    def call(*arrays: Any) -> list:
+        try:
+            return list(fn(*arrays))
+        except HpcrepError as error:
+            converted = for_tensorflow(error)
+            if converted is error:
+                raise
+            raise converted from error
+
+    outs = tf.numpy_function(call, list(tensors), list(out_dtypes), stateful=True, name=name)
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     outs = list(outs)

@@ -8,10 +8,18 @@ Each runs on ``process_set`` (a :class:`hpcrep.comm.ProcessSet`, a
 :class:`hpcrep.comm.Communicator` or None for :func:`hpcrep.comm.current`), resolved when the op is built (at trace time inside
 ``tf.function``) and handed to the host callback, which TensorFlow runs on a thread of its own.
 
-Gradients: allreduce's gradient is the same allreduce of the upstream gradient (Min/Max route it
-to the ranks that held the extreme); allgather's is the summed gradient's rows of this rank;
-broadcast's is the summed gradient on the root and zero elsewhere; alltoall's sends gradients back
-along the received splits; reducescatter's is an allgather.
+
+Gradients follow Horovod's (``horovod/tensorflow/mpi_ops.py``): allreduce's is the same
+allreduce (op and scale factors) of the upstream gradient; allgather's is this rank's rows of the
+*averaged* upstream gradient; broadcast's is the averaged gradient on the root and zero elsewhere;
+alltoall's sends gradients back along the received splits; reducescatter's is the allgathered
+gradient, times ``size`` for ``op=Sum``. One deliberate exception: Horovod differentiates Min, Max
+and Product as if they were the op itself (an allreduce-Max of the gradient); hpcrep routes the
+summed gradient to the ranks that held the extreme (Min/Max) and uses the product rule (Product),
+which are the derivatives of those reductions.
+
+Scale factors on float16/bfloat16 are applied in float32 and rounded once per factor, as
+Horovod's CPU ops do; summation stays in the tensor's dtype.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import tensorflow as tf
 
 from hpcrep import comm
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
-from hpcrep.errors import CollectiveArgumentError
+from hpcrep.errors import CollectiveArgumentError, CollectiveUnsupportedError
 from hpcrep.tensorflow import fused
 from hpcrep.tensorflow.bridge import host_call, require_no_xla
 from hpcrep.tensorflow.compression import Compression, Compressor
@@ -38,15 +46,40 @@ def _resolve_op(average: Optional[bool], op: Any) -> ReduceOp:
     return as_reduce_op(op)
 
 
+_LOW_PRECISION = (tf.float16, tf.bfloat16)
+
+
+def _scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    """Return ``tensor * factor``: float16/bfloat16 in float32, integers in float64 (Horovod's)."""
+    if factor == 1.0:
+        return tensor
+    if tensor.dtype in _LOW_PRECISION:
+        return tf.cast(tf.cast(tensor, tf.float32) * factor, tensor.dtype)
+    if tensor.dtype.is_floating or tensor.dtype.is_complex:
+        return tensor * tf.cast(factor, tensor.dtype)
+    return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
+
+
+def _check_scales(op: ReduceOp, pre: float, post: float) -> None:
+    if (pre != 1.0 or post != 1.0) and op not in (ReduceOp.Sum, ReduceOp.Average):
+        raise CollectiveArgumentError(
+            f"prescale_factor and postscale_factor apply only to Sum and Average, but op={op.name} "
+            f"was given with prescale_factor={pre}, postscale_factor={post}; drop the factors or "
+            "use op=Sum.")
+
+
 def _host_grouped_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
                             name: Optional[str], communicator: comm.Communicator
                             ) -> list[tf.Tensor]:
+    _check_scales(op, pre, post)
+    low = [i for i, t in enumerate(tensors) if t.dtype in _LOW_PRECISION]
+    if low and (pre != 1.0 or post != 1.0):
+        return _allreduce_low_precision_scaled(tensors, low, op, pre, post, name, communicator)
     if communicator.size() == 1 and (pre * post == 1.0
                                      or all(t.dtype.is_floating for t in tensors)):
         # One rank: every reduction is the identity, so skip the host round trip entirely.
         require_no_xla("hpcrep_allreduce")
-        scale = pre * post
-        return [tf.identity(t) if scale == 1.0 else t * tf.cast(scale, t.dtype) for t in tensors]
+        return [tf.identity(t) if pre * post == 1.0 else _scale(t, pre * post) for t in tensors]
     if fused.can_fuse(tensors):
         return fused.fused_allreduce(tensors, op, pre, post, name, communicator)
 
@@ -55,6 +88,29 @@ def _host_grouped_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: flo
 
     return host_call(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
                      name="hpcrep_allreduce")
+
+
+def _allreduce_low_precision_scaled(tensors: Sequence[tf.Tensor], low: list[int], op: ReduceOp,
+                                    pre: float, post: float, name: Optional[str],
+                                    communicator: comm.Communicator) -> list[tf.Tensor]:
+    """Reduce with scale factors, scaling float16/bfloat16 in float32 as Horovod does.
+
+    Those tensors are pre-scaled here, summed on the host, then post-scaled by ``post`` (Average:
+    ``post / size``); the other tensors go through the host with the factors as usual. Two
+    exchanges, in the same order on every rank.
+    """
+    out: list = [None] * len(tensors)
+    rest = [i for i in range(len(tensors)) if i not in low]
+    if rest:
+        for i, y in zip(rest, _host_grouped_allreduce([tensors[i] for i in rest], op, pre, post,
+                                                      name, communicator)):
+            out[i] = y
+    after = post / communicator.size() if op is ReduceOp.Average else post
+    summed = _host_grouped_allreduce([_scale(tensors[i], pre) for i in low], ReduceOp.Sum, 1.0,
+                                     1.0, None if name is None else f"{name}.low", communicator)
+    for i, y in zip(low, summed):
+        out[i] = _scale(y, after)
+    return out
 
 
 def _grouped_allreduce_with_grad(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float,
@@ -88,20 +144,39 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       compression: type[Compressor] = Compression.none, op: Any = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       name: Optional[str] = None, process_set: Any = None,
-                      ignore_name_scope: bool = False) -> list[tf.Tensor]:
-    """Allreduce a list of tensors in one fused exchange; returns a list in the same order.
+                      ignore_name_scope: bool = False) -> list[Any]:
+    """Allreduce a list of tensors and ``tf.IndexedSlices``; returns a list in the same order.
+
+    Dense tensors are reduced in one fused exchange. ``tf.IndexedSlices`` are allgathered
+    (values and indices; Average divides the values by ``size``), as in Horovod; they support
+    only Sum and Average without scale factors (``NotImplementedError`` otherwise).
 
     Collective: every rank must call this, in the same order, with matching tensors.
+
+    Raises:
+        CollectiveUnsupportedError: ``tf.IndexedSlices`` with another op or with scale factors.
+        CollectiveArgumentError: both ``average`` and ``op``, or scale factors with Min/Max/Product.
     """
     communicator = comm.resolve(process_set)
     op = _resolve_op(average, op)
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    tensors = list(tensors)
     if not tensors:
         return []
-    packed = [compression.compress(t) for t in tensors]
-    reduced = _grouped_allreduce_with_grad([p[0] for p in packed], op, prescale_factor,
-                                           postscale_factor, name, communicator)
-    return [compression.decompress(r, p[1]) for r, p in zip(reduced, packed)]
+    out: list = [None] * len(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        _check_sparse(op, prescale_factor, postscale_factor)
+        for i, reduced in zip(sparse, _allreduce_indexed_slices([tensors[i] for i in sparse], op,
+                                                                name, communicator)):
+            out[i] = reduced
+    dense = [i for i in range(len(tensors)) if out[i] is None]
+    if dense:
+        packed = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
+        reduced = _grouped_allreduce_with_grad([p[0] for p in packed], op, prescale_factor,
+                                               postscale_factor, name, communicator)
+        for i, r, p in zip(dense, reduced, packed):
+            out[i] = compression.decompress(r, p[1])
+    return out
 
 
 def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "",
@@ -113,25 +188,34 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
 
     Collective: every rank must call this, in the same order, with equal dtype and shape.
     """
-    if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, _resolve_op(average, op), name, process_set)
     return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op,
                              prescale_factor, postscale_factor, name, process_set)[0]
 
 
-def _allreduce_indexed_slices(slices: tf.IndexedSlices, op: ReduceOp, name: Optional[str],
-                              process_set: Any) -> tf.IndexedSlices:
+def _check_sparse(op: ReduceOp, pre: float, post: float) -> None:
     if op not in (ReduceOp.Sum, ReduceOp.Average):
-        raise CollectiveArgumentError(
+        raise CollectiveUnsupportedError(
             f"allreduce of tf.IndexedSlices supports op=Sum or Average, got {op.name}; convert the "
-            "gradient to a dense tensor (sparse_as_dense=True) to use other ops.")
-    values = allgather(slices.values, name=None if name is None else f"{name}.values",
-                       process_set=process_set)
-    indices = allgather(slices.indices, name=None if name is None else f"{name}.indices",
-                        process_set=process_set)
+            "gradient to a dense tensor (sparse_as_dense=True, or tf.convert_to_tensor) to use "
+            "other ops.")
+    if pre != 1.0 or post != 1.0:
+        raise CollectiveUnsupportedError(
+            f"prescale_factor/postscale_factor are not supported with tf.IndexedSlices (got "
+            f"{pre}, {post}); scale the slices' values yourself or convert them to a dense tensor.")
+
+
+def _allreduce_indexed_slices(slices: Sequence[tf.IndexedSlices], op: ReduceOp,
+                              name: Optional[str], communicator: comm.Communicator
+                              ) -> list[tf.IndexedSlices]:
+    prefix = "sparse" if name is None else name
+    values = grouped_allgather([s.values for s in slices], name=f"{prefix}.values",
+                               process_set=communicator)
+    indices = grouped_allgather([s.indices for s in slices], name=f"{prefix}.indices",
+                                process_set=communicator)
     if op is ReduceOp.Average:
-        values = values / tf.cast(comm.resolve(process_set).size(), values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+        values = [v / tf.cast(communicator.size(), v.dtype) for v in values]
+    return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape)
+            for v, i, s in zip(values, indices, slices)]
 
 
 def _host_allgather(tensor: tf.Tensor, name: Optional[str], communicator: comm.Communicator
@@ -150,6 +234,21 @@ def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None,
               ignore_name_scope: bool = False) -> tf.Tensor:
     """Concatenate ``tensor`` from every rank along the first dimension (which may differ).
 
+    Gradient (Horovod's): this rank's rows of the upstream gradient averaged across ranks.
+
+    Collective: every rank must call this, in the same order.
+    """
+    return gather_rows(tensor, name, ReduceOp.Average, process_set)
+
+
+def gather_rows(tensor: Any, name: Optional[str] = None,
+                gradient_reduction: ReduceOp = ReduceOp.Average,
+                process_set: Any = None) -> tf.Tensor:
+    """:func:`allgather`, with the reduction its gradient applies to the upstream gradient.
+
+    Horovod averages (``ReduceOp.Average``); ``tf.distribute``'s ``all_gather``, which
+    :mod:`hpcrep.replicator` follows, sums (``ReduceOp.Sum``).
+
     Collective: every rank must call this, in the same order.
     """
     communicator = comm.resolve(process_set)
@@ -164,10 +263,10 @@ def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None,
         y, rows = _host_allgather(x, name, communicator)
 
         def backward(dy: tf.Tensor):
-            summed = _host_grouped_allreduce([dy], ReduceOp.Sum, 1.0, 1.0, _grad_name(name),
-                                             communicator)[0]
+            reduced = _host_grouped_allreduce([dy], gradient_reduction, 1.0, 1.0,
+                                              _grad_name(name), communicator)[0]
             start = tf.reduce_sum(rows[:communicator.rank()])
-            return summed[start:start + rows[communicator.rank()]]
+            return reduced[start:start + rows[communicator.rank()]]
 
         return y, backward
 
@@ -188,6 +287,18 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, process_s
               ignore_name_scope: bool = False) -> tf.Tensor:
     """Return rank ``root_rank``'s value of ``tensor`` on every rank.
 
+    Gradient (Horovod's): the upstream gradient averaged across ranks on the root, zero elsewhere.
+
+    Collective: every rank must call this, in the same order, with equal dtype and shape.
+    """
+    return broadcast_from(tensor, root_rank, name, ReduceOp.Average, process_set)
+
+
+def broadcast_from(tensor: Any, root_rank: int, name: Optional[str] = None,
+                   gradient_reduction: ReduceOp = ReduceOp.Average,
+                   process_set: Any = None) -> tf.Tensor:
+    """:func:`broadcast`, with the reduction its gradient applies (Horovod: Average).
+
     Collective: every rank must call this, in the same order, with equal dtype and shape.
     """
     communicator = comm.resolve(process_set)
@@ -199,9 +310,9 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, process_s
                       [x.dtype], [x.shape], name="hpcrep_broadcast")[0]
 
         def backward(dy: tf.Tensor):
-            summed = _host_grouped_allreduce([dy], ReduceOp.Sum, 1.0, 1.0, _grad_name(name),
-                                             communicator)[0]
-            return summed if comm.rank() == root_rank else tf.zeros_like(summed)
+            reduced = _host_grouped_allreduce([dy], gradient_reduction, 1.0, 1.0,
+                                              _grad_name(name), communicator)[0]
+            return reduced if comm.rank() == root_rank else tf.zeros_like(reduced)
 
         return y, backward
 
@@ -224,11 +335,16 @@ def grouped_broadcast(tensors: Sequence[Any], root_rank: int,
 
 
 def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
-             ignore_name_scope: bool = False, process_set: Any = None
-             ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Send ``splits[j]`` rows to rank j; return ``(received, received_splits)``.
+             ignore_name_scope: bool = False, process_set: Any = None) -> Any:
+    """Send ``splits[j]`` rows to rank j (default: equal parts) and gather what arrives.
+
+    As in Horovod, returns the received tensor alone when ``splits`` is None, and
+    ``(received, received_splits)`` (int32, one entry per rank) when ``splits`` is given.
 
     Collective: every rank must call this, in the same order, with equal dtype and trailing shape.
+
+    Raises:
+        TFCollectiveArgumentError: bad ``splits`` (also a ``tf.errors.InvalidArgumentError``).
     """
     communicator = comm.resolve(process_set)
     tensor = tf.convert_to_tensor(tensor)
@@ -254,14 +370,18 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
         return (y, received), backward
 
     y, received = forward(tensor)
-    return y, received
+    return (y, received) if has_splits else y
 
 
-def reducescatter(tensor: Any, device_dense: str = "", compression: type[Compressor] = Compression.none,
-                  op: Any = ReduceOp.Average, name: Optional[str] = None, process_set: Any = None,
+def reducescatter(tensor: Any, device_dense: str = "",
+                  compression: type[Compressor] = Compression.none, op: Any = ReduceOp.Average,
+                  name: Optional[str] = None, process_set: Any = None,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce ``tensor`` across ranks and return this rank's rows (first ranks get the extra rows).
+
+    A scalar (0-d) tensor is an error on every rank (``tf.errors.InvalidArgumentError``), as in
+    Horovod: there are no rows to scatter.
 
     Collective: every rank must call this, in the same order, with equal dtype and shape.
     """
@@ -271,27 +391,37 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: type[Compres
         raise CollectiveArgumentError(f"reducescatter supports op=Sum or Average, got {op.name}")
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
+    return compression.decompress(
+        _reducescatter_with_grad(compressed, op, prescale_factor, postscale_factor, name), ctx)
+
+
+def _reducescatter_with_grad(tensor: tf.Tensor, op: ReduceOp, pre: float, post: float,
+                             name: Optional[str]) -> tf.Tensor:
+    low = tensor.dtype in _LOW_PRECISION and (pre != 1.0 or post != 1.0)
+    host_op, host_pre, host_post = (ReduceOp.Sum, 1.0, 1.0) if low else (op, pre, post)
 
     @tf.custom_gradient
     def forward(x: tf.Tensor):
-        rows = None if x.shape.rank is None or x.shape[0] is None else x.shape[0]
+        rows = None if x.shape.rank in (None, 0) else x.shape[0]
         n, me = communicator.size(), communicator.rank()
         mine = None if rows is None else rows // n + (me < rows % n)
-        shape = tf.TensorShape([mine]).concatenate(x.shape[1:])
-        y = host_call(lambda a: [comm.reducescatter(a, op, prescale_factor, postscale_factor,
-                                                    name, communicator)],
-                      [x], [x.dtype], [shape], name="hpcrep_reducescatter")[0]
+        shape = (None if x.shape.rank in (None, 0)
+                 else tf.TensorShape([mine]).concatenate(x.shape[1:]))
+        x_in = _scale(x, pre) if low else x
+        y = host_call(lambda a: [comm.reducescatter(a, host_op, host_pre, host_post, name,
+                                                    communicator)],
+                      [x_in], [x.dtype], [shape], name="hpcrep_reducescatter")[0]
+        if low:
+            y = _scale(y, post / n if op is ReduceOp.Average else post)
 
         def backward(dy: tf.Tensor):
-            scale = prescale_factor * postscale_factor
-            if op is ReduceOp.Average:
-                scale /= n
-            return (_host_allgather(dy, _grad_name(name), communicator)[0]
-                    * tf.cast(scale, dy.dtype))
+            # Horovod: allgather the gradient, times size for Sum (scale factors ignored).
+            gathered = _host_allgather(dy, _grad_name(name), communicator)[0]
+            return gathered * tf.cast(n, dy.dtype) if op is ReduceOp.Sum else gathered
 
         return y, backward
 
-    return compression.decompress(forward(compressed), ctx)
+    return forward(tensor)
 
 
 def grouped_reducescatter(tensors: Sequence[Any], op: Any = ReduceOp.Average,

@@ -2,7 +2,10 @@
 DistributedGradientTape share.
 
 A :class:`GradientReducer` takes a list of gradients (``None`` entries and ``tf.IndexedSlices``
-allowed) and returns them reduced across ranks, in one fused exchange per group.
+allowed) and returns them reduced across ranks, in one fused exchange per group. Gradients of
+variables registered as local (model-parallel layers: ``register_local_source``,
+``register_local_var``) are not exchanged; like Horovod (``scale_local_gradients=True``) hpcrep
+divides them by ``size``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow import collectives
 from hpcrep.tensorflow.compression import Compression, Compressor
+from hpcrep.tensorflow.variables import variable_key
 
 
 @dataclasses.dataclass
@@ -34,6 +38,9 @@ class GradientReducer:
         process_set: ranks to reduce over (a process set or communicator); None: the current
             communicator when :meth:`reduce` is called (traced). On ranks outside a process
             set the gradients pass through unreduced (Horovod's semantics).
+        local: keys (:func:`hpcrep.tensorflow.variables.variable_key`) of variables whose
+            gradients stay on this rank.
+        scale_local_gradients: divide local gradients by ``size`` (Horovod's default).
     """
 
     op: Any = ReduceOp.Average
@@ -43,6 +50,8 @@ class GradientReducer:
     num_groups: int = 0
     groups: Optional[Sequence[Sequence[Any]]] = None
     process_set: Any = None
+    local: set = dataclasses.field(default_factory=set)
+    scale_local_gradients: bool = True
 
     def __post_init__(self) -> None:
         self.op = as_reduce_op(self.op)
@@ -59,11 +68,16 @@ class GradientReducer:
                name: str = "gradients") -> list[Any]:
         """Return ``grads`` reduced across ranks; ``None`` entries stay ``None``.
 
+        ``variables`` (the gradients' sources, same order) are needed for explicit ``groups`` and
+        to recognise local variables.
+
         Collective: every rank must call this, in the same order, with matching gradients.
         """
         grads = list(grads)
         if isinstance(self.process_set, comm.ProcessSet) and not self.process_set.included():
             return grads
+        if self.local and variables is not None:
+            return self._reduce_with_locals(grads, list(variables), name)
         communicator = comm.resolve(self.process_set)
         if communicator.size() == 1 and self.op is ReduceOp.Average:
             return grads
@@ -92,6 +106,22 @@ class GradientReducer:
                 out[i] = r
         return out
 
+    def _reduce_with_locals(self, grads: list, variables: list, name: str) -> list[Any]:
+        is_local = [variable_key(v) in self.local for v in variables]
+        shared = [i for i, local in enumerate(is_local) if not local]
+        out = list(grads)
+        reduced = GradientReducer.reduce(dataclasses.replace(self, local=set()),
+                                         [grads[i] for i in shared],
+                                         [variables[i] for i in shared], name)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if self.scale_local_gradients:
+            n = comm.resolve(self.process_set).size()
+            for i, local in enumerate(is_local):
+                if local and out[i] is not None:
+                    out[i] = _divide(out[i], n)
+        return out
+
     def _split(self, indices: list[int], variables: Optional[Sequence[Any]]) -> list[list[int]]:
         if self.groups is not None and variables is not None:
             position = {id(v): i for i, v in enumerate(variables)}
@@ -103,3 +133,11 @@ class GradientReducer:
             n, m = self.num_groups, len(indices)
             return [g for g in (indices[k * m // n:(k + 1) * m // n] for k in range(n)) if g]
         return [indices] if indices else []
+
+
+def _divide(grad: Any, n: int) -> Any:
+    """Return ``grad / n`` for a tensor or ``tf.IndexedSlices`` (values divided)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)

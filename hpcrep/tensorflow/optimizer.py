@@ -21,6 +21,7 @@ from hpcrep.comm.ops import ReduceOp
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.compression import Compression, Compressor
 from hpcrep.tensorflow.gradients import GradientReducer
+from hpcrep.tensorflow.variables import local_layer_variables, variable_key
 
 
 class _DistributedMixin:
@@ -29,6 +30,14 @@ class _DistributedMixin:
     _hpcrep_reducer: GradientReducer
     _hpcrep_passes: int
     _hpcrep_average_passes: bool
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient on this rank (not exchanged), as Horovod's optimizer does.
+
+        With ``scale_local_gradients=True`` (the default, as in Horovod) that gradient is divided
+        by ``size``. Local: each rank registers its own variables, the same ones on every rank.
+        """
+        self._hpcrep_reducer.local.add(variable_key(var))
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         """Reduce ``grads`` across ranks, then apply them as the wrapped optimizer would.
@@ -105,9 +114,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
 
     Arguments follow ``horovod.tensorflow.keras.DistributedOptimizer``: with ``process_set``
     the gradients are averaged over that set, and ranks outside it apply their own gradients
-    unreduced (as Horovod does). ``device_*``,
-    ``use_locking`` and ``scale_local_gradients`` are accepted and ignored (hpcrep reduces on
-    the host). The copy is built from ``optimizer.get_config()``, so pass a fresh optimizer.
+    unreduced (as Horovod does). ``device_*`` and ``use_locking`` are accepted and ignored
+    (hpcrep reduces on the host). Variables registered with ``register_local_var`` keep their
+    local gradient, divided by ``size`` when ``scale_local_gradients`` (Horovod's default). The
+    copy is built from ``optimizer.get_config()``, so pass a fresh optimizer.
 
     Raises:
         CollectiveArgumentError: invalid ``op``, ``backward_passes_per_step`` or factors.
@@ -126,8 +136,37 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     dist = cls.from_config(config)
     _set_distributed_state(dist, GradientReducer(op, compression, sparse_as_dense,
                                                  gradient_predivide_factor, num_groups, groups,
-                                                 process_set),
+                                                 process_set,
+                                                 scale_local_gradients=scale_local_gradients),
                            int(backward_passes_per_step), bool(average_aggregated_gradients))
+    return dist
+
+
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
+                                use_locking: bool = False, device_dense: str = "",
+                                device_sparse: str = "",
+                                compression: type[Compressor] = Compression.none,
+                                sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                                op: Any = ReduceOp.Average, gradient_predivide_factor: float = 1.0,
+                                average_aggregated_gradients: bool = False, num_groups: int = 0,
+                                groups: Any = None, process_set: Any = None,
+                                local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+    """A :func:`DistributedOptimizer` that keeps the gradients of ``local_layers`` local.
+
+    The trainable weights of each layer in ``local_layers`` (built layers) are registered with
+    ``register_local_var``; the other arguments are :func:`DistributedOptimizer`'s.
+
+    Raises:
+        CollectiveArgumentError: ``local_layers`` holds something that is not a Keras layer.
+    """
+    local = local_layer_variables(local_layers)
+    dist = DistributedOptimizer(optimizer, name, use_locking, device_dense, device_sparse,
+                                compression, sparse_as_dense, backward_passes_per_step, op,
+                                gradient_predivide_factor, average_aggregated_gradients,
+                                num_groups, groups, process_set, scale_local_gradients)
+    for variable in local:
+        dist.register_local_var(variable)
     return dist
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Optional, Union
 
+import keras
 import tensorflow as tf
 
 from hpcrep.comm.ops import ReduceOp
 from hpcrep.tensorflow.compression import Compression, Compressor
 from hpcrep.tensorflow.gradients import GradientReducer
+from hpcrep.tensorflow.variables import local_layer_variables, variable_key
 
 
 class _DistributedGradientTape(tf.GradientTape):
@@ -20,6 +22,14 @@ class _DistributedGradientTape(tf.GradientTape):
         self._tape = tape._tape
         self._watched_variables = tape._watched_variables
         self._hpcrep_reducer = reducer
+
+    def register_local_source(self, source: Any) -> None:
+        """Keep ``source``'s gradient on this rank (not exchanged), as Horovod's tape does.
+
+        With ``scale_local_gradients=True`` (the default, as in Horovod) that gradient is divided
+        by ``size``. Local: each rank registers its own sources, the same ones on every rank.
+        """
+        self._hpcrep_reducer.local.add(variable_key(source))
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
@@ -47,4 +57,29 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     """
     return _DistributedGradientTape(gradtape, GradientReducer(
         op, compression, sparse_as_dense, gradient_predivide_factor, num_groups, groups,
-        process_set))
+        process_set, scale_local_gradients=scale_local_gradients))
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "",
+                                   compression: type[Compressor] = Compression.none,
+                                   sparse_as_dense: bool = False, op: Any = ReduceOp.Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: Any = None, process_set: Any = None,
+                                   local_layers: Optional[Union[keras.layers.Layer,
+                                                                Iterable[Any]]] = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """A :func:`DistributedGradientTape` that keeps the gradients of ``local_layers`` local.
+
+    The trainable weights of each layer in ``local_layers`` are registered with
+    ``register_local_source``; the other arguments are :func:`DistributedGradientTape`'s.
+
+    Raises:
+        CollectiveArgumentError: ``local_layers`` holds something that is not a Keras layer.
+    """
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for variable in local_layer_variables(local_layers):
+        tape.register_local_source(variable)
+    return tape

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
+import keras
 import tensorflow as tf
 
 from hpcrep import comm
+from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.collectives import grouped_broadcast
 
 
@@ -25,6 +27,51 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_se
                                 else tf.convert_to_tensor(v) for v in variables], root_rank,
                                name="broadcast_variables", process_set=process_set)
     return tf.group(*[v.assign(x) for v, x in zip(variables, values)])
+
+
+def broadcast_(variables: Iterable[Any], root_rank: int, name: Optional[str] = None,
+               process_set: Any = None) -> list[tf.Tensor]:
+    """Assign rank ``root_rank``'s values to ``variables`` in place; return their new values.
+
+    Horovod's in-place broadcast: one fused exchange, then each variable holds the root's value.
+    Works eagerly and inside ``tf.function`` (the returned reads follow the assignment).
+
+    Collective: every rank must call this, in the same order, with the same variables.
+    """
+    variables = list(variables)
+    assigned = broadcast_variables(variables, root_rank, process_set)
+    with tf.control_dependencies([assigned]):
+        return [tf.identity(tf.convert_to_tensor(v)) for v in variables]
+
+
+def variable_key(variable: Any) -> Any:
+    """Return a hashable identity of a variable that a Keras variable and its ``tf.Variable`` share.
+
+    Used to recognise registered local variables among gradients' sources. Local.
+    """
+    backing = getattr(variable, "_value", variable) if isinstance(variable, keras.Variable) \
+        else variable
+    return backing.ref() if hasattr(backing, "ref") else id(backing)
+
+
+def local_layer_variables(local_layers: Any) -> list[Any]:
+    """Return the trainable weights of ``local_layers`` (a layer, a list of layers, or None).
+
+    Raises:
+        CollectiveArgumentError: an entry is not a ``keras.layers.Layer``.
+    """
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    bad = [type(layer).__name__ for layer in local_layers
+           if not isinstance(layer, keras.layers.Layer)]
+    if bad:
+        raise CollectiveArgumentError(
+            f"local_layers must be Keras layers (keras.layers.Layer); got {', '.join(bad)}. Pass "
+            "the layers whose weights stay on each rank, or register variables one by one.")
+    return [v for layer in local_layers for v in layer.trainable_weights]
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,

@@ -62,7 +62,9 @@ def test_allgather_broadcast_alltoall_reducescatter(world):
                                       * np.ones((1, 2)))
     for b in both_modes(lambda: hvd.broadcast(tf.fill([3], r), root_rank=n - 1)):
         np.testing.assert_array_equal(b, np.full(3, n - 1))
-    out, received = hvd.alltoall(tf.range(n) + 10 * r)
+    out = hvd.alltoall(tf.range(n) + 10 * r)
+    np.testing.assert_array_equal(out, [r + 10 * k for k in range(n)])
+    out, received = hvd.alltoall(tf.range(n) + 10 * r, splits=[1] * n)
     np.testing.assert_array_equal(out, [r + 10 * k for k in range(n)])
     np.testing.assert_array_equal(received, np.ones(n))
     rs = hvd.reducescatter(tf.ones([n, 2]) * (r + 1), op=hvd.Sum)
@@ -99,24 +101,28 @@ def test_allreduce_max_gradient_goes_to_argmax(world):
 def test_allgather_gradient(world):
     r, n = world
     x = tf.fill([r + 1, 2], 1.0)
-    # loss_r = sum(c_r * gathered); grad of x_r = sum_k c_k on its rows
+    # Horovod: grad of x_r = mean_k c_k on its rows, for loss_r = sum(c_r * gathered)
     g = _grad(lambda v: tf.reduce_sum((r + 1.0) * hvd.allgather(v)), x)
-    np.testing.assert_array_equal(g, np.full((r + 1, 2), n * (n + 1) / 2))
+    np.testing.assert_allclose(g, np.full((r + 1, 2), (n + 1) / 2), rtol=1e-6)
 
 
 def test_broadcast_gradient(world):
     r, n = world
     x = tf.constant([1.0, 2.0])
-    g = _grad(lambda v: tf.reduce_sum(hvd.broadcast(v, root_rank=0)), x)
-    np.testing.assert_array_equal(g, np.full(2, n if r == 0 else 0))
+    # Horovod: the root gets the upstream gradient averaged across ranks, the others zero
+    g = _grad(lambda v: tf.reduce_sum((r + 1.0) * hvd.broadcast(v, root_rank=0)), x)
+    np.testing.assert_allclose(g, np.full(2, (n + 1) / 2 if r == 0 else 0), rtol=1e-6)
 
 
 def test_reducescatter_and_alltoall_gradients(world):
     r, n = world
     x = tf.ones([n, 2])
+    # Horovod: allgather of the upstream gradient, times size for Sum
     g = _grad(lambda v: tf.reduce_sum(hvd.reducescatter(v, op=hvd.Sum)), x)
+    np.testing.assert_array_equal(g, np.full((n, 2), n))
+    g = _grad(lambda v: tf.reduce_sum(hvd.reducescatter(v, op=hvd.Average)), x)
     np.testing.assert_array_equal(g, np.ones((n, 2)))
-    g = _grad(lambda v: tf.reduce_sum((r + 1.0) * hvd.alltoall(v)[0]), x)
+    g = _grad(lambda v: tf.reduce_sum((r + 1.0) * hvd.alltoall(v)), x)
     # row j went to rank j, which weighs it by j+1
     np.testing.assert_array_equal(g, np.arange(1, n + 1)[:, None] * np.ones((1, 2)))
 

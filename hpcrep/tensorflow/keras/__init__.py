@@ -2,6 +2,8 @@
 
 from hpcrep.tensorflow import *  # noqa: F401,F403 - same names as horovod.tensorflow.keras
 from hpcrep.tensorflow import __all__ as _base_all
+import hpcrep.tensorflow.keras.elastic as elastic  # replaces hpcrep.tensorflow's, as in Horovod
 from hpcrep.tensorflow.keras import callbacks
+from hpcrep.tensorflow.optimizer import PartialDistributedOptimizer
 
-__all__ = list(_base_all) + ["callbacks"]
+__all__ = list(_base_all) + ["callbacks", "PartialDistributedOptimizer"]

@@ -1,0 +1,87 @@
+"""hvd.join(): a rank without data joins; the others' allreduces and allgathers complete with its
+contribution absent (Horovod test_horovod_join_allreduce), and join returns the same rank on all."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hpcrep.comm as hc
+from hpcrep.comm.uneven import join as comm_join
+import hpcrep.tensorflow as hvd
+from hpcrep.errors import JoinError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _init():
+    hvd.init()
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_join_allreduce_sums_without_the_joined_rank(world, first):
+    """Horovod test_horovod_join_allreduce: summed == tensor * (size - 1); join's return value is
+    the same on every rank and is not the first rank to join."""
+    r, n = world
+    if first >= n:
+        pytest.skip("needs more ranks")
+    results = []
+    for dtype in (tf.int32, tf.float16, tf.float32, tf.float64):
+        tensor = tf.cast(tf.reshape(tf.range(12), [3, 4]), dtype)
+        if r == first:
+            ret = int(hvd.join())
+        else:
+            results.append((hvd.allreduce(tensor, op=hvd.Sum), tensor * (n - 1)))
+            results.append((tf.function(lambda t: hvd.allreduce(t, op=hvd.Average))(tensor),
+                            tf.cast(tf.cast(tensor, tf.float64) * (n - 1) / n, dtype)))
+            ret = int(tf.function(hvd.join)())
+        assert hvd.allgather_object(ret) == [ret] * n
+        if n > 1:
+            assert ret != first
+    for got, want in results:
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                                   rtol=1e-3)
+
+
+def test_uneven_steps_then_broadcast_from_last(world):
+    """Rank r has r + 1 batches: the gradient of each step averages the active ranks' gradients
+    over size; after join, the weights are broadcast from the returned rank."""
+    r, n = world
+    w = tf.Variable([1.0, 1.0])
+    seen = []
+    for step in range(r + 1):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * float(r + 1))
+        grad = hvd.DistributedGradientTape(tape).gradient(loss, [w])[0]
+        seen.append(grad.numpy())
+        w.assign_sub(0.1 * grad)
+    last = int(hvd.join())
+    assert last == n - 1
+    for step, g in enumerate(seen):  # ranks step.. n-1 are active at this step
+        active = range(step, n)
+        np.testing.assert_allclose(g, np.full(2, sum(k + 1 for k in active) / n), rtol=1e-6)
+    hvd.broadcast_variables([w], root_rank=last)
+    assert len({tuple(v) for v in hvd.allgather_object(w.numpy().tolist())}) == 1
+
+
+def test_allgather_while_a_rank_waits_has_no_rows_from_it(world):
+    r, n = world
+    if r == 0:
+        comm_join()
+        return
+    out = hc.allgather(np.full((r, 2), r, np.int64))
+    np.testing.assert_array_equal(out[:, 0], np.repeat(np.arange(1, n), np.arange(1, n)))
+    comm_join()
+
+
+def test_unsupported_collective_while_waiting_raises_on_every_rank(world):
+    r, n = world
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    with pytest.raises(JoinError, match="op=Max"):
+        if r == 0:
+            comm_join()
+        else:
+            hc.allreduce(np.ones(3), hc.Max)
+    # The job is still in step: a normal collective works on all ranks.
+    np.testing.assert_array_equal(hc.allreduce(np.ones(2), hc.Sum), np.full(2, n))
