@@ -130,11 +130,12 @@ class ReplicaContext:
         rank = value.shape.rank
         axis = axis + rank if axis < 0 else axis
         if axis == 0:  # gradients summed across replicas, as tf.distribute's all_gather does
-            return collectives.gather_rows(value, "replica.all_gather", ReduceOp.Sum)
+            return collectives.gather_rows(value, "replica.all_gather", ReduceOp.Sum,
+                                           self._communicator)
         perm = [axis] + [d for d in range(rank) if d != axis]
         inverse = [perm.index(d) for d in range(rank)]
         gathered = collectives.gather_rows(tf.transpose(value, perm), "replica.all_gather",
-                                           ReduceOp.Sum)
+                                           ReduceOp.Sum, self._communicator)
         return tf.transpose(gathered, inverse)
 
     def broadcast(self, value: Any, source_replica: int = 0) -> Any:
@@ -148,7 +149,8 @@ class ReplicaContext:
                 f"broadcast from replica {source_replica}, but replicas are numbered "
                 f"0..{self._num_replicas - 1}")
         root = self._rank_of(int(source_replica))
-        flat = [collectives.broadcast_from(v, root, "replica.broadcast", ReduceOp.Sum)
+        flat = [collectives.broadcast_from(v, root, "replica.broadcast", ReduceOp.Sum,
+                                           self._communicator)
                 for v in tf.nest.flatten(value)]
         return tf.nest.pack_sequence_as(value, flat)
 

@@ -392,11 +392,12 @@ def reducescatter(tensor: Any, device_dense: str = "",
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(
-        _reducescatter_with_grad(compressed, op, prescale_factor, postscale_factor, name), ctx)
+        _reducescatter_with_grad(compressed, op, prescale_factor, postscale_factor, name,
+                                 communicator), ctx)
 
 
 def _reducescatter_with_grad(tensor: tf.Tensor, op: ReduceOp, pre: float, post: float,
-                             name: Optional[str]) -> tf.Tensor:
+                             name: Optional[str], communicator: comm.Communicator) -> tf.Tensor:
     low = tensor.dtype in _LOW_PRECISION and (pre != 1.0 or post != 1.0)
     host_op, host_pre, host_post = (ReduceOp.Sum, 1.0, 1.0) if low else (op, pre, post)
 

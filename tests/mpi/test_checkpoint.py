@@ -5,7 +5,6 @@ import os
 import warnings
 
 import numpy as np
-import pytest
 
 import hpcrep.comm as hc
 from hpcrep.checkpoint import CheckpointManager, PreemptionSignal
