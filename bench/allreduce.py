@@ -9,8 +9,9 @@ and for ResNet-50's real gradient set (the trainable variables of
 - ``raw_inplace``: one mpi4py ``Allreduce(IN_PLACE, buf)``, the fastest raw form here;
 - ``hpcrep_numpy``: :func:`hpcrep.comm.allreduce` (Sum) on numpy;
 - ``hpcrep_tf``: ``hvd.grouped_allreduce`` (Sum) of TF tensors inside ``tf.function``;
-- ``hpcrep_tf_flat``: the same with ``HPCREP_HIERARCHICAL_ALLREDUCE=0``, only where the ranks
-  span several nodes and some node runs more than one (where the hierarchical path applies).
+- ``hpcrep_tf_flat`` and ``hpcrep_tf_hier``: the same with ``HPCREP_HIERARCHICAL_ALLREDUCE`` 0
+  and 1, only where the ranks span several nodes and some node runs more than one (where the
+  hierarchical path applies).
 
 With ``--cluster-nodes N [--link RATE]`` the jobs run across the multi-node test cluster
 (``tests/cluster``, root only) with ranks spread evenly over its nodes, and the report gives the
@@ -81,13 +82,17 @@ def _interleaved_medians(comm: Any, variants: dict[str, Callable[[], Any]], reps
     return {name: float(np.median(times[k]) * 1e3) for k, name in enumerate(variants)}
 
 
-def _flat(fn: Callable[[], Any]) -> Any:
-    """Call ``fn`` with the hierarchical allreduce turned off (on every rank alike)."""
-    os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"] = "0"
+def _hierarchical(on: bool, fn: Callable[[], Any]) -> Any:
+    """Call ``fn`` with the hierarchical allreduce on or off (every rank alike)."""
+    before = os.environ.get("HPCREP_HIERARCHICAL_ALLREDUCE")
+    os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"] = "1" if on else "0"
     try:
         return fn()
     finally:
-        del os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"]
+        if before is None:
+            del os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"]
+        else:
+            os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"] = before
 
 
 def worker(quick: bool, resnet_only: bool = False) -> dict:
@@ -119,7 +124,8 @@ def worker(quick: bool, resnet_only: bool = False) -> dict:
             "hpcrep_tf_ms": lambda: graph(tensors),
         }
         if hierarchical_applies:
-            variants["hpcrep_tf_flat_ms"] = lambda: _flat(lambda: graph(tensors))
+            variants["hpcrep_tf_flat_ms"] = lambda: _hierarchical(False, lambda: graph(tensors))
+            variants["hpcrep_tf_hier_ms"] = lambda: _hierarchical(True, lambda: graph(tensors))
         row.update(_interleaved_medians(comm, variants, reps))
         return row
 
@@ -207,7 +213,8 @@ def render_markdown(report: dict) -> str:
         flat = "hpcrep_tf_flat_ms" in run_["resnet50"]
         bound = cluster and cluster["link"] != "uncapped"
         head = ("| bytes | raw | raw in-place | hpcrep numpy | hpcrep tf.function | "
-                + ("hpcrep tf flat | " if flat else "") + ("link bound | " if bound else "")
+                + ("hpcrep tf flat | hpcrep tf hierarchical | " if flat else "")
+                + ("link bound | " if bound else "")
                 + "tf / raw in-place | hpcrep tf GB/s |")
         lines += [f"## {n} ranks{_layout(run_)}", "", head,
                   "|" + "---:|" * (head.count("|") - 1)]
@@ -216,7 +223,7 @@ def render_markdown(report: dict) -> str:
             cells = [label, f"{row['raw_ms']:.3f}", f"{row['raw_inplace_ms']:.3f}",
                      f"{row['hpcrep_numpy_ms']:.3f}", f"{row['hpcrep_tf_ms']:.3f}"]
             if flat:
-                cells.append(f"{row['hpcrep_tf_flat_ms']:.3f}")
+                cells += [f"{row['hpcrep_tf_flat_ms']:.3f}", f"{row['hpcrep_tf_hier_ms']:.3f}"]
             if bound:
                 cells.append(f"{_bound_ms(row['bytes'], run_, cluster):.3f}")
             cells += [f"{row['hpcrep_tf_ms'] / row['raw_inplace_ms']:.2f}x",
