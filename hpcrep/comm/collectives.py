@@ -61,7 +61,8 @@ def _agree(comm: Any, kind: str, params: tuple, arrays: Sequence[np.ndarray],
         uneven.agree(comm, (kind, params, check.entries(arrays, names, free_first_dim)))
 
 
-def _check_scales(op: ReduceOp, prescale: float, postscale: float) -> None:
+def check_scale_factors(op: ReduceOp, prescale: float, postscale: float) -> None:
+    """Raise :class:`CollectiveArgumentError` unless the scale factors suit ``op``. Local."""
     if (prescale != 1.0 or postscale != 1.0) and op not in (ReduceOp.Sum, ReduceOp.Average):
         raise CollectiveArgumentError(
             f"prescale_factor and postscale_factor apply only to Sum and Average, but op={op.name} "
@@ -133,7 +134,7 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     equal dtypes and shapes.
     """
     op = as_reduce_op(op)
-    _check_scales(op, prescale_factor, postscale_factor)
+    check_scale_factors(op, prescale_factor, postscale_factor)
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "allreduce")
     if threshold is None:
@@ -354,7 +355,7 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
     Collective: every rank must call this, in the same order, with equal dtype and shape.
     """
     op = as_reduce_op(op)
-    _check_scales(op, prescale_factor, postscale_factor)
+    check_scale_factors(op, prescale_factor, postscale_factor)
     a = np.asarray(array)
     nm = name or "reducescatter.0"
     with _collective("reducescatter", [nm]):

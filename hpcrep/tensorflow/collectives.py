@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from hpcrep import comm
+from hpcrep.comm.collectives import check_scale_factors
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError, CollectiveUnsupportedError
 from hpcrep.tensorflow import fused
@@ -60,18 +61,10 @@ def _scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
     return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
 
 
-def _check_scales(op: ReduceOp, pre: float, post: float) -> None:
-    if (pre != 1.0 or post != 1.0) and op not in (ReduceOp.Sum, ReduceOp.Average):
-        raise CollectiveArgumentError(
-            f"prescale_factor and postscale_factor apply only to Sum and Average, but op={op.name} "
-            f"was given with prescale_factor={pre}, postscale_factor={post}; drop the factors or "
-            "use op=Sum.")
-
-
 def _host_grouped_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
                             name: Optional[str], communicator: comm.Communicator
                             ) -> list[tf.Tensor]:
-    _check_scales(op, pre, post)
+    check_scale_factors(op, pre, post)
     low = [i for i, t in enumerate(tensors) if t.dtype in _LOW_PRECISION]
     if low and (pre != 1.0 or post != 1.0):
         return _allreduce_low_precision_scaled(tensors, low, op, pre, post, name, communicator)
