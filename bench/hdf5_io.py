@@ -1,4 +1,5 @@
-"""Measure hpcrep's HDF5 input and checkpoint I/O (figures for issue 4's closing note).
+"""Measure hpcrep's HDF5 input and checkpoint I/O: reader throughput against raw h5py, and
+checkpoint save/restore times.
 
     python -m hpcrep.launch.mpirun -n 4 -- python bench/hdf5_io.py reader --file /tmp/fm.h5
     python -m hpcrep.launch.mpirun -n 1 -- python bench/hdf5_io.py checkpoint --dir /tmp/ck

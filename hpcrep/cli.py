@@ -1,8 +1,10 @@
 """The ``hpcrep`` command: one dispatcher, one module per subcommand.
 
 Each subcommand lives in its own module that defines ``configure(parser)`` (add arguments to an
-``argparse`` sub-parser) and ``main(args) -> int``. Modules are imported only when their command
-runs, so ``hpcrep --help`` is fast and a missing optional dependency breaks only its command.
+``argparse`` sub-parser) and ``main(args) -> int``. :func:`build_parser` imports every
+subcommand's module to add its arguments (none of them imports TensorFlow at module level); a
+module that cannot be imported because a dependency of its own is missing is left out, so a
+missing optional dependency breaks only its command.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ With ``n`` rows, batch ``b`` and ``size`` ranks, every rank gets ``steps = n // 
 batches: rank ``r`` owns rows ``[r*steps*b, (r+1)*steps*b)`` (the remainder is dropped, so every
 rank runs the same number of steps and no collective waits on a rank that ran out). Each batch
 is one contiguous slice ``ds[a:a+b]``: h5py reads a slice with one hyperslab selection, while
-fancy indexing on chunked data is about 100x slower here (DESIGN.md section 3). Shuffling
+fancy indexing on chunked data is about 100x slower on these machines (bench/hdf5_io.py). Shuffling
 permutes the order of the shard's batch-sized blocks with a seed derived from
 ``(seed, epoch, rank)``: a different order each epoch, reproducible on resume. Rows within a
 block keep their order; convert with shuffled rows (``hpcrep data convert --shuffle``) if the

@@ -1,7 +1,8 @@
 """Horovod-compatible TensorFlow API: ``import hpcrep.tensorflow as hvd``.
 
 The names and semantics are those of ``horovod.tensorflow``; a Horovod user changes one import.
-This is the only package of hpcrep that imports TensorFlow.
+TensorFlow lives here and in the layers above it (``hpcrep.replicator``); ``hpcrep.comm`` and
+the other lower packages never import it (``tests/unit/test_layering.py`` checks).
 """
 
 from hpcrep.comm import (Adasum, Average, Max, Min, Product, ProcessSet, ReduceOp, Sum,
