@@ -40,12 +40,14 @@ class Communicator:
         self.name = name
         self.local: Any = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         self.cross: Any = comm.Split(self.local.Get_rank(), comm.Get_rank())
-        # The same on every member: how many nodes, and the most ranks any node has. A
-        # hierarchical reduction pays off only with more than one node and more than one rank
-        # on some node.
-        self.nodes: int = comm.allreduce(int(self.local.Get_rank() == 0))
-        self.widest_node: int = comm.allreduce(self.local.Get_size(), op=MPI.MAX)
-        self.narrowest_node: int = comm.allreduce(self.local.Get_size(), op=MPI.MIN)
+        # The same on every member, from one allgather: how many nodes, and the most and fewest
+        # ranks a node has. A hierarchical reduction pays off only with more than one node and
+        # more than one rank on some node; equal nodes allow its reduce-scatter form.
+        sizes = [size for leader, size in comm.allgather((self.local.Get_rank() == 0,
+                                                          self.local.Get_size())) if leader]
+        self.nodes: int = len(sizes)
+        self.widest_node: int = max(sizes)
+        self.narrowest_node: int = min(sizes)
 
     def _live(self) -> Any:
         if self.comm is None:
