@@ -16,10 +16,17 @@ test: install
 test-unit:
 	$(PYTEST) -q tests/unit
 
-# The collective suite runs as one MPI job at 4 ranks and again at 1 rank.
+# The collective suite runs as one MPI job at 4 ranks and again at 1 rank, with allreduces on
+# the compiled path (when built: `python -m hpcrep.tensorflow.native` says), then its TensorFlow
+# tests again at 4 ranks on the Python path (HPCREP_NATIVE=off).
+TF_TESTS := tests/mpi/test_tf_collectives.py tests/mpi/test_training.py \
+	tests/mpi/test_horovod_semantics.py tests/mpi/test_horovod_api.py tests/mpi/test_join.py \
+	tests/mpi/test_tf_process_sets.py
 test-mpi:
+	$(PY) -m hpcrep.tensorflow.native
 	$(MPIRUN) -n 4 -- $(PYTEST) -q tests/mpi
 	$(MPIRUN) -n 1 -- $(PYTEST) -q tests/mpi
+	HPCREP_NATIVE=off $(MPIRUN) -n 4 -- $(PYTEST) -q $(TF_TESTS)
 
 # Tests that start MPI jobs themselves (runner, failures injected, jobs/ examples).
 test-launch:

@@ -22,6 +22,13 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected one of 1/0, true/false, yes/no, on/off; got {text!r}")
 
 
+def _parse_native(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"expected auto, on or off; got {text!r}")
+    return value
+
+
 def _parse_bytes(text: str) -> int:
     """Parse ``"64MiB"``, ``"1048576"``, ``"4k"`` and the like into a number of bytes."""
     units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
@@ -67,6 +74,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "nodes x 2 ranks on the test cluster it did not beat Open MPI's flat allreduce "
             "(ResNet-50's gradients: 1405 vs 1372 ms at 1 Gb/s, 373 vs 301 ms at 10 Gb/s). Must "
             "be the same on every rank (checked)."),
+    Setting("HPCREP_NATIVE", _parse_native, "auto",
+            "Which path TensorFlow allreduces take: 'auto' the compiled op "
+            "(hpcrep/tensorflow/native, built by make install) when it is built for this "
+            "TensorFlow, else the Python path; 'on' requires the compiled op; 'off' always the "
+            "Python path. `python -m hpcrep.tensorflow.native` says which is active. Must be "
+            "the same on every rank."),
+    Setting("HPCREP_OVERLAP", _parse_bool, True,
+            "Exchange gradients in buckets that start while the backward pass still runs "
+            "(buckets formed from the last layer back, one allreduce each, in the same order on "
+            "every rank). 0: one exchange after the whole backward pass, for comparison and "
+            "debugging. Overlap needs the compiled path; the Python path holds a TensorFlow "
+            "thread while it communicates. Must be the same on every rank."),
     Setting("HPCREP_THREADS", int, 0,
             "TensorFlow intra-op threads per rank; 0 means cores on this node // ranks on this "
             "node (at least 1)."),

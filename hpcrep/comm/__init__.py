@@ -8,7 +8,7 @@ into few aligned buffers. :func:`rank` and :func:`size` always describe the job.
 """
 
 from hpcrep.comm.collectives import (allgather, allgather_object, allgatherv, allreduce,
-                                     grouped_allreduce_buckets, alltoall,
+                                     alltoall,
                                      barrier, broadcast, broadcast_object, grouped_allgather,
                                      grouped_allgatherv, grouped_allreduce, grouped_broadcast,
                                      reducescatter)
@@ -27,7 +27,7 @@ __all__ = [
     "mpi_library_version", "comm", "abort",
     "Communicator", "communicator", "current", "resolve", "using",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
-    "allreduce", "grouped_allreduce_buckets", "grouped_allreduce", "allgather", "grouped_allgather", "allgatherv",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "allgatherv",
     "grouped_allgatherv", "broadcast",
     "grouped_broadcast", "alltoall", "reducescatter", "broadcast_object", "allgather_object",
     "barrier", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",

@@ -113,32 +113,30 @@ def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical
     local.Bcast(recvbuf, root=0)
 
 
-def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
-                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                              name: Optional[str] = None, threshold: Optional[int] = None,
-                              communicator: Any = None
-                              ) -> tuple[tuple[fusion.Bucket, ...], list[np.ndarray]]:
-    """Reduce arrays across ranks into fusion buffers; return the plan and the reduced buffers.
+def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucket],
+                           op: Any = ReduceOp.Average, prescale_factor: float = 1.0,
+                           postscale_factor: float = 1.0, name: Optional[str] = None,
+                           communicator: Any = None) -> list[np.ndarray]:
+    """Reduce arrays across ranks into the fusion buffers of ``buckets``; return the buffers.
 
-    The arrays are packed into pooled, aligned buffers (one copy, with any scaling folded into
-    it) and reduced in place, one MPI call per buffer. Array ``i`` of the result lives at
-    ``buffer[slot.offset:slot.offset + slot.count]`` of the bucket whose slot has index ``i``;
-    :func:`hpcrep.comm.fusion.plan` with the same layout and ``threshold`` gives the same plan,
-    which is how :mod:`hpcrep.tensorflow` splits the buffers without copying. The buffers belong
-    to the caller until it drops them (the pool reuses a buffer only when nothing refers to it).
+    ``buckets`` is the plan (:func:`hpcrep.comm.fusion.plan` of the arrays' shapes and dtypes in
+    call order): the caller makes it once and uses it again to find array ``i`` at
+    ``buffer[slot.offset:slot.offset + slot.count]`` of the bucket whose slot has index ``i``
+    (:mod:`hpcrep.tensorflow.fused` splits the buffers that way without copying). The arrays are
+    packed into pooled, aligned buffers (one copy, with any scaling folded into it) and reduced in
+    place, one MPI call per buffer. The buffers belong to the caller until it drops them (the pool
+    reuses a buffer only when nothing refers to it).
 
     ``Average`` of floating arrays folds ``1/size`` into the packing copy (so it costs nothing
     extra); for integer arrays it is a floor division of the sum.
 
-    Collective: every rank must call this, in the same order, with the same number of arrays and
-    equal dtypes and shapes.
+    Not part of the public API (:func:`grouped_allreduce` is). Collective: every rank must call
+    this, in the same order, with the same number of arrays and equal dtypes and shapes.
     """
     op = as_reduce_op(op)
     check_scale_factors(op, prescale_factor, postscale_factor)
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "allreduce")
-    if threshold is None:
-        threshold = config.get("HPCREP_FUSION_THRESHOLD")
     with _collective("allreduce", names):
         target = resolve(communicator)  # .comm; .local and .cross for hierarchical reductions
         comm = target.comm
@@ -146,7 +144,6 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
         _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor, hierarchical),
                arrays, names)
         n = comm.Get_size()
-        buckets = fusion.plan(tuple((a.shape, a.dtype.name) for a in arrays), threshold)
         buffers = []
         for bucket in buckets:
             floating = bucket.dtype.kind in "fc" or bucket.dtype.name == "bfloat16"
@@ -159,7 +156,13 @@ def grouped_allreduce_buckets(arrays: Sequence[Any], op: Any = ReduceOp.Average,
             if postscale_factor != 1.0:
                 np.multiply(buf, postscale_factor, out=buf, casting="unsafe")
             buffers.append(buf)
-        return buckets, buffers
+        return buffers
+
+
+def plan_of(arrays: Sequence[np.ndarray]) -> tuple[fusion.Bucket, ...]:
+    """Return the fusion plan of ``arrays`` at ``HPCREP_FUSION_THRESHOLD``. Local."""
+    return fusion.plan(tuple((a.shape, a.dtype.name) for a in arrays),
+                       config.get("HPCREP_FUSION_THRESHOLD"))
 
 
 def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
@@ -168,14 +171,15 @@ def grouped_allreduce(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     """Reduce each array elementwise across ranks; return the results in the same order.
 
     Arrays are fused into few buffers (``HPCREP_FUSION_THRESHOLD``); see
-    :func:`grouped_allreduce_buckets` for how, and for how Average is computed.
+    :func:`allreduce_into_buckets` for how, and for how Average is computed.
 
     Collective: every rank must call this, in the same order, with the same number of arrays and
     equal dtypes and shapes.
     """
     arrays = _as_arrays(arrays)
-    buckets, buffers = grouped_allreduce_buckets(arrays, op, prescale_factor, postscale_factor,
-                                                 name, communicator=communicator)
+    buckets = plan_of(arrays)
+    buffers = allreduce_into_buckets(arrays, buckets, op, prescale_factor, postscale_factor,
+                                     name, communicator)
     out: list = [None] * len(arrays)
     for bucket, buf in zip(buckets, buffers):
         fusion.unpack(bucket, buf, [a.shape for a in arrays], out)

@@ -45,6 +45,7 @@ class Communicator:
         # more than one rank on some node; equal nodes allow its reduce-scatter form.
         sizes = [size for leader, size in comm.allgather((self.local.Get_rank() == 0,
                                                           self.local.Get_size())) if leader]
+        self._at_free: list = []
         self.nodes: int = len(sizes)
         self.widest_node: int = max(sizes)
         self.narrowest_node: int = min(sizes)
@@ -109,9 +110,16 @@ class Communicator:
         """
         if self.comm is None:
             return
+        while self._at_free:
+            self._at_free.pop()()
         for c in (self.cross, self.local, self.comm):
             c.Free()
         self.comm = self.local = self.cross = None
+
+    def at_free(self, callback: Any) -> None:
+        """Run ``callback`` (collective over the members) when the communicator is freed, before
+        its MPI communicators are: for what other layers attach to it. Local."""
+        self._at_free.append(callback)
 
     def __repr__(self) -> str:
         state = "" if self.comm is not None else ", freed"

@@ -21,7 +21,7 @@ Requires ``HPCREP_CHECK_COLLECTIVES`` (the default).
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -33,6 +33,7 @@ _NONE = np.iinfo(np.int64).min  # neutral for MAX
 _SUPPORTED = {"allreduce": ("Sum", "Average"), "allgather": None}
 
 _state = threading.local()
+_join_hooks: list[tuple[Callable[[], None], Callable[[], None]]] = []
 _last_active: list[Optional[int]] = [None]  # highest active rank in the latest control round
 
 
@@ -65,6 +66,14 @@ def agree(comm: Any, signature: check.Signature) -> None:
         _require_supported(signature)
 
 
+def on_join(begin: Callable[[], None], end: Callable[[], None]) -> None:
+    """Have :func:`join` call ``begin()`` when this rank starts waiting and ``end()`` once every
+    rank has joined: for communication threads outside this module (the compiled TensorFlow
+    path), which must serve the active ranks' collectives too. Local.
+    """
+    _join_hooks.append((begin, end))
+
+
 def join() -> int:
     """Wait until every rank has joined, taking part in the others' collectives meanwhile.
 
@@ -86,10 +95,14 @@ def join() -> int:
         raise ConfigError("hpcrep join() needs HPCREP_CHECK_COLLECTIVES=1 (the default): the "
                           "waiting rank learns the others' collectives from that check.")
     comm = world.comm()
+    for begin, _ in _join_hooks:
+        begin()
     while True:
         control = np.array([_NONE, _NONE, 1, _NONE, _NONE], dtype=np.int64)
         comm.Allreduce(MPI.IN_PLACE, control, op=MPI.MAX)
         if int(control[3]) == _NONE:  # nobody active: every rank has joined
+            for _, end in _join_hooks:
+                end()
             last = _last_active[0]
             _last_active[0] = None
             return comm.Get_size() - 1 if last is None else last
@@ -100,8 +113,24 @@ def join() -> int:
         _replay(comm.bcast(None, root=-int(control[4])))
 
 
+def _leave_join_everywhere() -> None:
+    """Bring the join hooks' threads out of join mode on every rank, before a JoinError.
+
+    A JoinError is raised on every rank (active ones in :func:`agree`, waiting ones in
+    :func:`join`), and the job carries on, so each rank enters join mode and waits until all
+    have: the threads then leave it together, as when every rank has joined.
+    """
+    for begin, end in _join_hooks:
+        begin()
+        end()
+
+
 def _require_supported(signature: check.Signature) -> None:
     kind, params, _ = signature
+    supported = kind in _SUPPORTED and (_SUPPORTED[kind] is None
+                                        or params[0] in _SUPPORTED[kind])
+    if not supported:
+        _leave_join_everywhere()
     if kind not in _SUPPORTED:
         raise JoinError(f"hpcrep.{kind} cannot run while a rank waits in join(): only allreduce "
                         "(Sum, Average) and allgather can. Run it before any rank joins, or "
@@ -124,7 +153,7 @@ def _replay(signature: check.Signature) -> None:
     _state.replaying = True
     try:
         if kind == "allreduce":
-            collectives.grouped_allreduce_buckets(arrays, params[0], params[1], params[2])
+            collectives.allreduce_into_buckets(arrays, collectives.plan_of(arrays), *params[:3])
         else:
             collectives.grouped_allgatherv(arrays)
     finally:

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from hpcrep import config
 
@@ -58,6 +58,8 @@ class _State:
     owner: Optional[int] = None       # thread id that entered it (nested calls are not counted)
     answers: dict = dataclasses.field(default_factory=dict)  # rank -> status, from the query
     thread: Optional[threading.Thread] = None
+    probes: list = dataclasses.field(default_factory=list)  # see add_probe
+    probed: Optional[_Call] = None    # the latest wait a probe reported
 
 
 _state = _State()
@@ -109,6 +111,34 @@ def watching(kind: str, names: Sequence[str]) -> Iterator[None]:
         _state.owner = None
 
 
+def add_probe(probe: Callable[[], Optional[tuple[str, tuple[str, ...], float]]]) -> None:
+    """Also watch waits that happen outside :func:`watching`: ``probe()`` returns ``(kind,
+    names, started)`` (``started`` on ``time.monotonic``'s clock) while something waits for the
+    other ranks, else None. For communication threads that call MPI themselves (the compiled
+    TensorFlow path). Local.
+    """
+    _state.probes.append(probe)
+    if stall_timeout() > 0:
+        _ensure_thread()
+
+
+def _probed_call() -> Optional[_Call]:
+    """Return the oldest wait the probes report, keeping its warned flag across checks."""
+    oldest = None
+    for probe in _state.probes:
+        found = probe()
+        if found is not None and (oldest is None or found[2] < oldest[2]):
+            oldest = found
+    if oldest is None:
+        _state.probed = None
+        return None
+    kind, names, started = oldest
+    if _state.probed is None or _state.probed.started != started:
+        _state.seq += 1
+        _state.probed = _Call(kind, tuple(names), _state.seq, started, stall_timeout())
+    return _state.probed
+
+
 def _ensure_thread() -> None:
     if _state.thread is not None:
         return
@@ -124,6 +154,8 @@ def _watch() -> None:
     while True:
         time.sleep(1.0)
         call = _state.call
+        if call is None and _state.probes:
+            call = _probed_call()
         if call is None:
             continue
         waited = time.monotonic() - call.started

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from hpcrep import comm, config
+from hpcrep.tensorflow import native
 from hpcrep.tensorflow.devices import pin_gpu
 
 
@@ -41,7 +42,8 @@ def configure_threads() -> bool:
 def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> None:
     """Initialise MPI (see :func:`hpcrep.comm.init`), size TensorFlow's thread pools, give this
     rank one GPU, ``local_rank % visible GPUs`` (:mod:`hpcrep.tensorflow.devices`;
-    ``HPCREP_PIN_GPU=0`` turns that off), and register ``process_sets``.
+    ``HPCREP_PIN_GPU=0`` turns that off), start the compiled allreduce path's communication
+    thread when it is active (:mod:`hpcrep.tensorflow.native`), and register ``process_sets``.
 
     Args:
         comm_: see :func:`hpcrep.comm.init`.
@@ -55,6 +57,10 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
     comm.init(comm_)
     configure_threads()
     pin_gpu()
+    if native.active():
+        # Start the job's communication thread now, while every rank is here: starting it is
+        # collective, and a rank already waiting in join() could not take part later.
+        native.engine(comm.communicator())
     if process_sets is None or process_sets == "dynamic":
         return
     for process_set in process_sets:

@@ -73,7 +73,7 @@ def _host_grouped_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: flo
         # One rank: every reduction is the identity, so skip the host round trip entirely.
         require_no_xla("hpcrep_allreduce")
         return [tf.identity(t) if pre * post == 1.0 else _scale(t, pre * post) for t in tensors]
-    if fused.can_fuse(tensors):
+    if fused.native_handles(tensors, communicator) or fused.can_fuse(tensors):
         return fused.fused_allreduce(tensors, op, pre, post, name, communicator)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:

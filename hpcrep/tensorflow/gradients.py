@@ -2,7 +2,12 @@
 DistributedGradientTape share.
 
 A :class:`GradientReducer` takes a list of gradients (``None`` entries and ``tf.IndexedSlices``
-allowed) and returns them reduced across ranks, in one fused exchange per group. Gradients of
+allowed) and returns them reduced across ranks, each group in fusion buckets
+(``HPCREP_FUSION_THRESHOLD``). With ``HPCREP_OVERLAP`` (the default) the buckets are planned from
+the last gradient back, the order in which the backward pass produces them, and on the compiled
+path (:mod:`hpcrep.tensorflow.native`) each bucket's exchange starts as soon as its own gradients
+exist, inside ``tf.function`` while the backward pass goes on; the order is fixed at trace time
+and the same on every rank. ``HPCREP_OVERLAP=0`` makes every bucket wait for all gradients. Gradients of
 variables registered as local (model-parallel layers: ``register_local_source``,
 ``register_local_var``) are not exchanged; like Horovod (``scale_local_gradients=True``) hpcrep
 divides them by ``size``.
@@ -15,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
-from hpcrep import comm
+from hpcrep import comm, config
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow import collectives
@@ -97,12 +102,23 @@ class GradientReducer:
             post = self.gradient_predivide_factor / communicator.size()
         else:
             op, pre, post = self.op, 1.0, 1.0
-        for gi, group in enumerate(self._split(dense, variables)):
+        groups = self._split(dense, variables)
+        overlap = config.get("HPCREP_OVERLAP")
+        if not overlap and not tf.executing_eagerly():
+            # One exchange after the whole backward pass: every bucket waits for every gradient.
+            dense_set = set(dense)
+            with tf.control_dependencies([grads[i] for i in dense]):
+                grads = [tf.identity(g) if i in dense_set else g for i, g in enumerate(grads)]
+        for gi, group in enumerate(groups):
+            # Overlap: buckets are planned from the last gradient back (the backward pass makes
+            # the last layer's first), so the first bucket's exchange starts while earlier
+            # layers' gradients are still being computed.
+            order = group[::-1] if overlap else group
             reduced = collectives.grouped_allreduce(
-                [grads[i] for i in group], op=op, compression=self.compression,
+                [grads[i] for i in order], op=op, compression=self.compression,
                 prescale_factor=pre, postscale_factor=post, name=f"{name}.{gi}",
                 process_set=communicator)
-            for i, r in zip(group, reduced):
+            for i, r in zip(order, reduced):
                 out[i] = r
         return out
 

@@ -1,0 +1,210 @@
+"""Overlap benchmark: a ResNet-50 training step with and without gradient exchange hidden behind
+the backward pass, side by side in one MPI job.
+
+``python -m bench.overlap --ranks 2 [--cluster-nodes 2 --link 2gbit] [--out DIR]`` times the same
+``tf.function`` training step (ResNet-50, ``--image-size`` 64, ``--batch`` 16 per rank, SGD) under:
+
+- ``nosync``: the plain optimizer, no communication (the upper bound);
+- ``hpcrep``: ``hvd.DistributedOptimizer`` with the defaults (compiled path, overlap on);
+- ``hpcrep_no_overlap``: the same with ``HPCREP_OVERLAP=0`` (one exchange after the backward pass);
+- ``hpcrep_python``: the same with ``HPCREP_NATIVE=off`` (the Python path);
+- ``horovod``: ``horovod.tensorflow.DistributedGradientTape``, where Horovod is importable (the
+  ``.venv-peers`` interpreter: ``make peers``).
+
+The variants take turns within each repetition; each figure is the median over repetitions of
+the slowest rank's mean step time. Efficiency is the variant's throughput over ``nosync``'s.
+Every rank runs ``HPCREP_THREADS`` TensorFlow threads (default 1). Writes ``DIR/overlap.json``
+and ``DIR/overlap.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _variants(model: Any, images: Any, labels: Any) -> dict[str, Callable[[], Any]]:
+    """Build one compiled training step per variant over the same model. Collective."""
+    import keras  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    variables = model.trainable_variables
+
+    def optimizer_step(opt: Any) -> Callable[[], Any]:
+        @tf.function
+        def step() -> Any:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(labels, model(images, training=True))
+            opt.apply(tape.gradient(loss, variables), variables)
+            return loss
+        return step
+
+    def with_env(name: str, value: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+        def call() -> Any:  # settings are read when the step is traced (its first call)
+            old = os.environ.get(name)
+            os.environ[name] = value
+            try:
+                return fn()
+            finally:
+                if old is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = old
+        return call
+
+    out = {
+        "nosync": optimizer_step(keras.optimizers.SGD(0.001)),
+        "hpcrep": optimizer_step(hvd.DistributedOptimizer(keras.optimizers.SGD(0.001))),
+        "hpcrep_no_overlap": with_env("HPCREP_OVERLAP", "0", optimizer_step(
+            hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
+        "hpcrep_python": with_env("HPCREP_NATIVE", "off", optimizer_step(
+            hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
+    }
+    try:
+        import horovod.tensorflow as horovod  # noqa: PLC0415
+    except ImportError:
+        return out
+    horovod.init()
+    opt = keras.optimizers.SGD(0.001)
+
+    @tf.function
+    def horovod_step() -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        grads = horovod.DistributedGradientTape(tape).gradient(loss, variables)
+        opt.apply(grads, variables)
+        return loss
+
+    out["horovod"] = horovod_step
+    return out
+
+
+def worker(image_size: int, batch: int, steps: int, reps: int) -> dict:
+    """Time every variant inside the MPI job; rank 0 returns the results. Collective."""
+    import keras  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+    from hpcrep.tensorflow import native  # noqa: PLC0415
+
+    from hpcrep import comm as hcomm  # noqa: PLC0415
+
+    hvd.init()
+    comm = hcomm.comm()
+    rng = np.random.default_rng(hvd.rank())
+    images = tf.constant(rng.random((batch, image_size, image_size, 3), np.float32))
+    labels = tf.constant(rng.integers(0, 1000, batch), tf.int64)
+    model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3))
+    variants = _variants(model, images, labels)
+    for fn in variants.values():  # trace and warm up
+        fn()
+        fn().numpy()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                loss = fn()
+            loss.numpy()
+            elapsed = (time.perf_counter() - start) / steps
+            times[name].append(max(comm.allgather(elapsed)))
+    grads_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    return {"step_ms": {k: float(np.median(v)) * 1e3 for k, v in times.items()},
+            "all_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
+            "ranks": hvd.size(), "hosts": sorted(set(comm.allgather(platform.node()))),
+            "threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "native": native.status()[1], "gradient_bytes": grads_bytes,
+            "image_size": image_size, "batch": batch, "steps": steps, "reps": reps}
+
+
+def render_markdown(report: dict) -> str:
+    """Return the report as a Markdown table (efficiency = throughput / nosync's)."""
+    base = report["step_ms"]["nosync"]
+    lines = [f"# Overlap benchmark ({report['date']})", "",
+             f"ResNet-50 {report['image_size']}x{report['image_size']}, batch {report['batch']} "
+             f"per rank, {report['ranks']} ranks on {', '.join(report['hosts'])}, "
+             f"{report['threads']} TensorFlow thread(s) per rank; "
+             f"{report.get('cluster', {}).get('link', 'no link cap')}; machine: "
+             f"{report['machine']}. {report['native']}.", "",
+             "| variant | step ms | throughput / nosync |", "|---|---:|---:|"]
+    for name, ms in report["step_ms"].items():
+        lines.append(f"| {name} | {ms:.0f} | {base / ms:.2f} |")
+    lines += ["", f"Gradients: {report['gradient_bytes'] / 1e6:.1f} MB per step. Each figure is "
+              f"the median over {report['reps']} repetitions (variants interleaved) of the "
+              f"slowest rank's mean over {report['steps']} steps."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--cluster-nodes", type=int, default=0)
+    parser.add_argument("--link", help="with --cluster-nodes: link cap (2gbit, ...)")
+    parser.add_argument("--out", help="report directory (default reports/overlap-<timestamp>)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        result = worker(args.image_size, args.batch, args.steps, args.reps)
+        from hpcrep import comm  # noqa: PLC0415
+
+        if comm.rank() == 0:
+            with open(args.worker, "w") as f:
+                json.dump(result, f)
+        return 0
+    out = args.out or os.path.join(
+        ROOT, "reports", "overlap-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out, exist_ok=True)
+    env = dict(os.environ, HPCREP_THREADS=os.environ.get("HPCREP_THREADS", "1"),
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    fd, result_path = tempfile.mkstemp(suffix=".json", dir=out)
+    os.close(fd)
+    command = [sys.executable, "-m", "bench.overlap", "--worker", result_path,
+               "--image-size", str(args.image_size), "--batch", str(args.batch),
+               "--steps", str(args.steps), "--reps", str(args.reps)]
+    cluster_info = {}
+    if args.cluster_nodes:
+        from bench.cluster import cluster  # noqa: PLC0415
+
+        with cluster(args.cluster_nodes, args.link) as c:
+            cluster_info = c.describe()
+            subprocess.run(c.mpirun_command(args.ranks, command), env=env, check=True,
+                           cwd=ROOT, timeout=3600)
+    else:
+        subprocess.run([sys.executable, "-m", "hpcrep.launch.mpirun", "-n", str(args.ranks),
+                        "--", *command], env=env, check=True, cwd=ROOT, timeout=3600)
+    with open(result_path) as f:
+        report = json.load(f)
+    os.unlink(result_path)
+    report.update(date=datetime.datetime.now().isoformat(timespec="seconds"),
+                  machine=f"{platform.node()}, {os.cpu_count()} cores", cluster=cluster_info)
+    with open(os.path.join(out, "overlap.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    text = render_markdown(report)
+    with open(os.path.join(out, "overlap.md"), "w") as f:
+        f.write(text)
+    print(text)
+    print(f"report: {out}/overlap.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Build hpcrep's compiled allreduce op against the installed TensorFlow and MPI.
+
+``python -m hpcrep.tensorflow.native.build`` compiles ``hpcrep_ops.cc`` into
+``_hpcrep_ops.so`` next to it with the MPI C++ compiler wrapper (``mpicxx``: the one mpi4py was
+built with, else the one on ``PATH``) and TensorFlow's own compile and link flags
+(``tf.sysconfig``); no CMake. It writes ``_hpcrep_ops.json`` recording the TensorFlow version and
+the source's hash, which the loader checks, so a library built for another TensorFlow is never
+loaded. ``make install`` runs this; it exits 0 with a message when no compiler or headers are
+found (hpcrep then uses its Python path) unless ``--require`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "hpcrep_ops.cc")
+LIBRARY = os.path.join(HERE, "_hpcrep_ops.so")
+STAMP = os.path.join(HERE, "_hpcrep_ops.json")
+
+
+def source_hash() -> str:
+    """Return the SHA-256 of the op's source (what the stamp records)."""
+    with open(SOURCE, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def find_mpicxx() -> Optional[str]:
+    """Return the MPI C++ wrapper matching mpi4py's MPI, or None."""
+    candidates = []
+    try:
+        import mpi4py  # noqa: PLC0415
+
+        config = mpi4py.get_config()
+        for key in ("mpicxx", "mpicc"):
+            if config.get(key):
+                candidates.append(config[key].split()[0].replace("mpicc", "mpicxx"))
+    except ImportError:
+        pass
+    candidates.append(os.path.join(os.path.dirname(sys.executable), "mpicxx"))
+    candidates.append("mpicxx")
+    for c in candidates:
+        path = shutil.which(c)
+        if path:
+            return path
+    return None
+
+
+def build(require: bool = False, verbose: bool = False) -> int:
+    """Compile the op; return 0 on success or when skipping is allowed, 1 otherwise."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    def skip(reason: str) -> int:
+        print(f"hpcrep native: not built ({reason}); hpcrep uses its Python path.",
+              file=sys.stderr)
+        return 1 if require else 0
+
+    mpicxx = find_mpicxx()
+    if mpicxx is None:
+        return skip("no MPI C++ compiler wrapper (mpicxx) found; install libopenmpi-dev")
+    include = tf.sysconfig.get_include()
+    if not os.path.exists(os.path.join(include, "tensorflow", "core", "framework", "op.h")):
+        return skip(f"TensorFlow headers missing under {include}")
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=HERE)
+    os.close(fd)
+    cmd = ([mpicxx, "-shared", "-fPIC", "-O2", "-std=c++17", "-w", SOURCE, "-o", tmp]
+           + [f for f in tf.sysconfig.get_compile_flags() if not f.startswith("--std")]
+           + tf.sysconfig.get_link_flags())
+    if verbose:
+        print(" ".join(cmd))
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        os.unlink(tmp)
+        print(result.stderr[-4000:], file=sys.stderr)
+        return skip(f"compilation failed ({mpicxx})")
+    os.replace(tmp, LIBRARY)  # atomic: a running process keeps the old inode
+    stamp = {"tensorflow": tf.__version__, "source": source_hash(), "mpicxx": mpicxx}
+    with open(STAMP + ".tmp", "w") as f:
+        json.dump(stamp, f)
+    os.replace(STAMP + ".tmp", STAMP)
+    print(f"hpcrep native: built {LIBRARY} for TensorFlow {tf.__version__} with {mpicxx}")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--require", action="store_true",
+                        help="fail (exit 1) instead of skipping when the op cannot be built")
+    parser.add_argument("--verbose", action="store_true", help="print the compiler command")
+    args = parser.parse_args(argv)
+    return build(args.require, args.verbose)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The compiled allreduce path (hpcrep/tensorflow/native): the same bits as the Python path, fused
+independent calls, gradient buckets that overlap the backward pass, and its errors.
+
+Each test compares the two paths in one process: ``HPCREP_NATIVE`` is read when a function is
+traced, so a function traced under ``off`` keeps the Python path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hpcrep.comm as hc
+import hpcrep.tensorflow as hvd
+from hpcrep.tensorflow import native
+
+
+@pytest.fixture
+def compiled(skip_missing):
+    """Require the compiled path (a skip for a missing build fails under CI=true)."""
+    hvd.init()
+    if not native.active():
+        skip_missing(f"the compiled allreduce op: {native.status()[1]}")
+    return hc.rank(), hc.size()
+
+
+@contextlib.contextmanager
+def setting(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = old
+
+
+def both_paths(fn, *args):
+    """Return fn's results traced on the compiled path and on the Python path, as numpy."""
+    out = []
+    for mode in ("on", "off"):
+        with setting("HPCREP_NATIVE", mode):
+            results = tf.function(fn)(*args)
+        out.append([r.numpy() for r in tf.nest.flatten(results)])
+    return out
+
+
+def assert_bitwise_equal_across_ranks(arrays):
+    gathered = hc.allgather_object([np.ascontiguousarray(a).tobytes() for a in arrays])
+    assert all(g == gathered[0] for g in gathered)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32", "int64"])
+@pytest.mark.parametrize("op", ["Sum", "Average", "Min", "Max", "Product"])
+def test_compiled_path_gives_the_python_paths_bits(compiled, dtype, op):
+    r, n = compiled
+    rng = np.random.default_rng(100 + r)
+    values = [rng.normal(size=shape) * 3 for shape in ((7,), (3, 5), (33,), ())]
+    tensors = [tf.cast(tf.constant(v), dtype) for v in values]
+    reduce_op = getattr(hvd, op)
+    native_out, python_out = both_paths(
+        lambda *ts: hvd.grouped_allreduce(list(ts), op=reduce_op), *tensors)
+    for a, b in zip(native_out, python_out):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+    assert_bitwise_equal_across_ranks(native_out)
+
+
+def test_scale_factors_and_integer_average_match(compiled):
+    r, n = compiled
+    x = tf.constant([3 * r + 1, -r - 1, 7], tf.int64)
+    y = tf.constant([0.1 * (r + 1), 2.5], tf.float32)
+    native_out, python_out = both_paths(
+        lambda a, b: [hvd.allreduce(a), hvd.allreduce(b, op=hvd.Sum, prescale_factor=0.3,
+                                                      postscale_factor=1.7)], x, y)
+    for a, b in zip(native_out, python_out):
+        np.testing.assert_array_equal(a, b)
+    ints = np.array([3 * k + 1 for k in range(n)]), np.array([-k - 1 for k in range(n)])
+    np.testing.assert_array_equal(native_out[0], [ints[0].sum() // n, ints[1].sum() // n, 7])
+
+
+def test_independent_allreduces_in_one_function_are_fused(compiled):
+    r, n = compiled
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    xs = [tf.fill([256], float(r + i)) for i in range(53)]
+    step = tf.function(lambda *ts: [hvd.allreduce(t, op=hvd.Sum, name=f"m{i}")
+                                    for i, t in enumerate(ts)])
+    step(*xs)
+    before = native.stats(hc.communicator())
+    outs = step(*xs)
+    cycles, requests = (a - b for a, b in zip(native.stats(hc.communicator()), before))
+    assert requests == 53
+    assert cycles < 53, f"53 separate allreduces took {cycles} exchanges: nothing was fused"
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out, np.full(256, sum(k + i for k in range(n))))
+
+
+def test_unknown_static_shapes(compiled):
+    r, n = compiled
+    fn = tf.function(lambda a, b: hvd.grouped_allreduce([a, b], op=hvd.Sum),
+                     input_signature=[tf.TensorSpec([None], tf.float32),
+                                      tf.TensorSpec([None, 3], tf.float32)])
+    a, b = fn(tf.ones([5]) * r, tf.ones([17, 3]))
+    np.testing.assert_array_equal(a, np.full(5, sum(range(n))))
+    np.testing.assert_array_equal(b, np.full((17, 3), n))
+
+
+def _train(overlap: str, mode: str, steps: int = 3) -> list[np.ndarray]:
+    """Train a small conv net with DistributedOptimizer; return its trainable weights."""
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3),
+                              keras.layers.BatchNormalization(), keras.layers.Flatten(),
+                              keras.layers.Dense(5), keras.layers.Dense(3)])
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    rng = np.random.default_rng(hc.rank())
+    x = tf.constant(rng.normal(size=(6, 8, 8, 3)), tf.float32)
+    y = tf.constant(rng.integers(0, 3, 6))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True), from_logits=True))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    with setting("HPCREP_OVERLAP", overlap), setting("HPCREP_NATIVE", mode), \
+            setting("HPCREP_FUSION_THRESHOLD", "256"):  # several buckets even for a tiny net
+        for _ in range(steps):
+            step()
+    return [v.numpy() for v in model.trainable_variables]  # BN statistics stay per rank
+
+
+def test_overlapped_buckets_train_the_same_weights(compiled):
+    """Buckets in reverse layer order, launched during the backward pass: the same weights,
+    bitwise, as one exchange after it and as the Python path, and equal on every rank."""
+    overlapped = _train("1", "on")
+    for other in (_train("0", "on"), _train("1", "off")):
+        for a, b in zip(overlapped, other):
+            np.testing.assert_array_equal(a, b)
+    assert_bitwise_equal_across_ranks(overlapped)
+
+
+def _enqueue_ancestors(overlap: str) -> list[set]:
+    """Trace a 3-layer step; return, per gradient bucket in launch order, the ops it waits for
+    (data and control inputs, not the chain of earlier enqueues)."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(4),
+                              keras.layers.Dense(2)])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    x = tf.ones([2, 4])
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    with setting("HPCREP_FUSION_THRESHOLD", "64"), setting("HPCREP_OVERLAP", overlap):
+        graph = tf.function(step).get_concrete_function().graph
+    enqueues = [op for op in graph.get_operations() if op.type == "HpcrepAllreduceEnqueue"]
+
+    def ancestors(op, seen):
+        for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+            if parent not in seen and parent.type != "HpcrepAllreduceEnqueue":
+                seen.add(parent)
+                ancestors(parent, seen)
+        return seen
+
+    return [ancestors(op, set()) for op in enqueues]
+
+
+def test_overlap_starts_exchanges_before_the_backward_pass_ends(compiled):
+    """The first bucket (the last layer's gradients) waits only for them; the first layer's
+    kernel gradient (a MatMul) feeds a later bucket. With HPCREP_OVERLAP=0 every bucket waits
+    for every gradient."""
+    if compiled[1] < 2:
+        pytest.skip("needs 2 ranks: one rank exchanges nothing")
+    buckets = _enqueue_ancestors("1")
+    assert len(buckets) >= 2
+    later_only = buckets[-1] - buckets[0]
+    assert any(op.type == "MatMul" for op in later_only), \
+        "the first bucket waits for the first layer's gradient: no overlap"
+    buckets = _enqueue_ancestors("0")
+    assert not any(op.type == "MatMul" for op in buckets[-1] - buckets[0])
+
+
+def test_mismatch_on_the_compiled_path_raises_on_every_rank(compiled):
+    r, n = compiled
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    with pytest.raises(tf.errors.FailedPreconditionError, match="ranks disagree") as info:
+        hvd.allreduce(tf.ones([3 + r]), name="shape_differs")
+    assert "shape_differs" in str(info.value)
+    with pytest.raises(tf.errors.OpError, match="ranks disagree"):
+        tf.function(lambda: hvd.allreduce(tf.ones([3 + r])))()
+    np.testing.assert_array_equal(hvd.allreduce(tf.ones(2), op=hvd.Sum), np.full(2, n))
+
+
+def test_status_says_which_path_is_active(compiled):
+    assert native.status() == (True, native.status()[1])
+    assert "compiled op" in native.status()[1]
+    with setting("HPCREP_NATIVE", "off"):
+        assert native.status()[0] is False and "Python path" in native.status()[1]
