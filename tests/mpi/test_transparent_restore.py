@@ -55,7 +55,7 @@ def test_every_patch_is_restored_on_exit(world):
         assert len(changed) == len(before), "some patch point was not patched"
         model.fit(np.ones((16, 3), np.float32), np.zeros((16, 1), np.float32), batch_size=2,
                   verbose=0)
-        assert type(opt).__mro__[2] is keras.optimizers.SGD and hvd.optimizer.is_distributed(opt)
+        assert type(opt) is keras.optimizers.SGD  # averaged by the patched apply, class kept
         assert patches.labels
     assert not is_active()
     after = snapshot()
@@ -110,3 +110,34 @@ def test_plain_tf_variables_start_with_rank_zeros_value(world):
         for a, b in zip(other[1], everyone[0][1]):
             np.testing.assert_array_equal(a, b)
     assert [e[2] for e in everyone] == [float(i) for i in range(n)]
+
+
+class ShiftedSGD(keras.optimizers.SGD):
+    """A user's optimizer whose own ``apply`` adds 1 to every gradient, then calls Keras's."""
+
+    def apply(self, grads, trainable_variables=None):
+        self.override_calls = getattr(self, "override_calls", 0) + 1
+        return super().apply([g + 1.0 for g in grads], trainable_variables)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+def test_each_apply_reduces_once_and_runs_the_optimizer_once(world, compiled):
+    # One wrapper around Keras's apply: the user's override runs once per step (not again after
+    # the average), and Keras's apply (which counts iterations) once per step.
+    r, n = world
+    with transparent(announce=False):
+        w = tf.Variable([0.0, 0.0])  # created eagerly: rank 0's value everywhere
+        opt = ShiftedSGD(learning_rate=1.0)
+
+        def step():
+            opt.apply([tf.constant([float(r), 2.0 * r])], [w])
+
+        step = tf.function(step) if compiled else step
+        for _ in range(3):
+            step()
+    # each step: w -= mean over ranks of (g_r + 1), g_r = (r, 2r), mean r = (n - 1) / 2
+    mean_r = (n - 1) / 2
+    np.testing.assert_allclose(w.numpy(), [-3 * (mean_r + 1), -3 * (2 * mean_r + 1)], rtol=1e-6)
+    assert int(opt.iterations.numpy()) == 3
+    assert opt.override_calls == (1 if compiled else 3)  # a tf.function traces once
+    assert type(opt) is ShiftedSGD  # nothing left behind on exit
