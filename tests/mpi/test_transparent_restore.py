@@ -12,7 +12,7 @@ from tensorflow.python.eager import context as tf_context
 
 import hpcrep.tensorflow as hvd
 from hpcrep.tensorflow import transparent
-from hpcrep.tensorflow.transparent import is_active
+from hpcrep.tensorflow.transparent import PatchSet, installers, is_active
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -24,7 +24,8 @@ def patch_points():
     """(owner, attribute) of everything transparent mode patches."""
     model = keras.Model
     owners = {name: next(k for k in model.__mro__ if name in vars(k))
-              for name in ("fit", "evaluate", "predict", "compile", "save", "save_weights")}
+              for name in ("fit", "evaluate", "predict", "compile", "save", "save_weights",
+                                 "load_weights")}
     var_owner = next(k for k in keras.Variable.__mro__ if "_initialize" in vars(k))
     opt_owner = next(k for k in keras.optimizers.Optimizer.__mro__ if "apply" in vars(k))
     ds_owner = next(k for k in tf.data.Dataset.__mro__ if "__iter__" in vars(k))
@@ -63,6 +64,44 @@ def test_every_patch_is_restored_on_exit(world):
     assert type(opt) is keras.optimizers.SGD
     assert sys.stdout is stdout
     assert tf_context.global_seed() == seed
+
+
+def test_each_install_patches_attributes_of_its_own(world):
+    # installers() may run the local installs in any order only because no two of them patch the
+    # same attribute; and each install's patches are undone by its own PatchSet.
+    before = snapshot()
+    patched_by = {}
+    for module in installers():
+        patches = PatchSet()
+        module.install(patches)
+        try:
+            changed = [key for key, value in snapshot().items() if value is not before[key]]
+        finally:
+            patches.restore()
+        assert all(snapshot()[key] is before[key] for key in before), module.__name__
+        for key in changed:
+            assert key not in patched_by, f"{key} patched by {patched_by[key]} and {module.__name__}"
+            patched_by[key] = module.__name__
+    assert set(patched_by) == set(before)
+
+
+def test_xla_is_off_in_compile_and_in_tf_function(world):
+    # hpcrep's collectives cannot be compiled by XLA (they raise if they are): both ways of
+    # asking for it are turned off while transparent mode is active.
+    r, n = world
+    with transparent(announce=False):
+        model = small_model()
+        model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=True)
+        model.fit(np.ones((4 * n, 3), np.float32), np.zeros((4 * n, 1), np.float32), batch_size=2,
+                  verbose=0)
+
+        @tf.function(jit_compile=True)
+        def total(x):
+            return hvd.allreduce(x, op=hvd.Sum)
+
+        got = float(total(tf.constant(float(r))))
+    assert model.jit_compile is False
+    assert got == n * (n - 1) / 2
 
 
 def test_restored_even_when_the_body_raises(world):
