@@ -57,7 +57,11 @@ class CheckpointCorruptError(CheckpointError):
     """A checkpoint file is truncated, unreadable, or fails its checksum."""
 
 
-class SlurmOptionError(HpcrepError, ValueError):
+class SlurmError(HpcrepError):
+    """Slurm cannot do what was asked (no job to requeue, ``scontrol``/``sbatch`` failed)."""
+
+
+class SlurmOptionError(SlurmError, ValueError):
     """A Slurm job option has an invalid value (checked before anything is submitted)."""
 
 

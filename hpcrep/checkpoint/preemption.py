@@ -1,22 +1,19 @@
-"""Pre-timeout signals and requeue: turn Slurm's ``--signal=USR1@N`` into "checkpoint now".
+"""Pre-timeout signals: turn Slurm's ``--signal=USR1@N`` into "checkpoint now".
 
 A :class:`PreemptionSignal` installs a handler that only sets a flag. Ranks may see the signal at
 different steps, so :meth:`PreemptionSignal.agreed` combines the flags of all ranks (one tiny
 allreduce): when it returns True on one rank it returns True on all, at the same step, and the
-loop saves a checkpoint and stops. :func:`requeue` then asks Slurm to run the job again.
+loop saves a checkpoint and stops. Asking Slurm to run the job again is
+:func:`hpcrep.slurm.requeue.requeue`'s (re-exported by :mod:`hpcrep.checkpoint`).
 """
 
 from __future__ import annotations
 
 import signal
-import subprocess
-from typing import Optional
 
 import numpy as np
 
 from hpcrep import comm
-from hpcrep.errors import CheckpointError
-from hpcrep.launch import environment
 
 
 class PreemptionSignal:
@@ -56,31 +53,3 @@ class PreemptionSignal:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def slurm_job_id() -> Optional[str]:
-    """Return this job's Slurm id, or None outside Slurm."""
-    return environment.slurm().job_id
-
-
-def restart_count() -> int:
-    """Return how many times Slurm has requeued this job (0 on the first run or outside Slurm)."""
-    return environment.slurm().restart_count or 0
-
-
-def requeue(job_id: Optional[str] = None) -> None:
-    """Ask Slurm to requeue job ``job_id`` (default: this job). Local: call it on one rank.
-
-    Slurm then ends the running job and starts it again later, with ``SLURM_RESTART_COUNT``
-    increased; the job must have been submitted with ``--requeue``.
-
-    Raises:
-        CheckpointError: not inside Slurm, or ``scontrol requeue`` failed.
-    """
-    job_id = job_id or slurm_job_id()
-    if not job_id:
-        raise CheckpointError("requeue needs a Slurm job: SLURM_JOB_ID is not set")
-    done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                          timeout=60)
-    if done.returncode != 0:
-        raise CheckpointError(f"scontrol requeue {job_id} failed ({done.returncode}): "
-                              f"{done.stderr.strip()}")

@@ -1,8 +1,8 @@
 """``hpcrep run -n N script.py [args]``: start ``python -m hpcrep script.py`` on N ranks.
 
 Outside Slurm it uses :func:`hpcrep.launch.mpirun.mpirun_command` (the flags this MPI needs to run
-as root and with more ranks than cores); inside an allocation (``SLURM_JOB_ID`` set) it uses
-``srun`` with the PMI plugin that matches the MPI (pmix for Open MPI, pmi2 for MPICH).
+as root and with more ranks than cores); inside an allocation (``SLURM_JOB_ID`` set) it asks
+:mod:`hpcrep.slurm` for the ``srun`` command, with the PMI plugin that matches the MPI.
 """
 
 from __future__ import annotations
@@ -14,21 +14,13 @@ import subprocess
 import sys
 from typing import Mapping, Optional, Sequence
 
-from hpcrep.launch import environment
 from hpcrep.launch.mpirun import find_mpirun, flavor, mpirun_command, mpirun_env
+from hpcrep.slurm import environment, srun
 
 
 def rank_command(script: str, args: Sequence[str], python: str = sys.executable) -> list[str]:
     """Return what each rank runs: ``python -m hpcrep script args``."""
     return [python, "-m", "hpcrep", script, *args]
-
-
-def srun_command(n: Optional[int], command: Sequence[str], mpi_plugin: str) -> list[str]:
-    """Return the ``srun`` argv that runs ``command`` as ``n`` tasks (all tasks if None)."""
-    argv = ["srun", f"--mpi={mpi_plugin}"]
-    if n is not None:
-        argv += ["--ntasks", str(n)]
-    return argv + list(command)
 
 
 def build_command(n: Optional[int], script: str, args: Sequence[str], launcher: str = "auto",
@@ -45,8 +37,8 @@ def build_command(n: Optional[int], script: str, args: Sequence[str], launcher: 
         launcher = "srun" if slurm.in_allocation else "mpirun"
     command = rank_command(script, args)
     if launcher == "srun":
-        kind = flavor(find_mpirun())[0] if shutil.which("mpirun") else "openmpi"
-        return srun_command(n, command, "pmi2" if kind == "mpich" else "pmix")
+        family = flavor(find_mpirun())[0] if shutil.which("mpirun") else "openmpi"
+        return srun.srun_command(n, command, srun.mpi_plugin(family))
     if n is None:
         raise ValueError("give the number of ranks: hpcrep run -n N script.py (outside Slurm "
                          "there is no allocation to take it from)")

@@ -41,7 +41,7 @@ def main() -> int:
 
     from hpcrep.__main__ import _transparent  # noqa: PLC0415
     from hpcrep.launch import runner  # noqa: PLC0415
-    from hpcrep.tensorflow.transparent import sharding, training  # noqa: PLC0415
+    from hpcrep.tensorflow.transparent import sharding, state  # noqa: PLC0415
 
     records: list[dict] = []
     original_arrays, original_dataset = sharding.shard_arrays, sharding.shard_dataset
@@ -54,7 +54,7 @@ def main() -> int:
 
     def shard_dataset(ds, rank, size, equal, **kwargs):
         result = original_dataset(ds, rank, size, equal, **kwargs)
-        with training._keras_loop.enter():  # iterate without transparent mode's own sharding
+        with state.keras_loop():  # iterate without transparent mode's own sharding
             records.append({"kind": "dataset", "equal": equal, "full": rows_of(ds),
                             "mine": rows_of(result)})
         return result

@@ -12,7 +12,7 @@ from tensorflow.python.eager import context as tf_context
 
 import hpcrep.tensorflow as hvd
 from hpcrep.tensorflow import transparent
-from hpcrep.tensorflow.transparent import is_active
+from hpcrep.tensorflow.transparent import PatchSet, installers, is_active
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -24,7 +24,8 @@ def patch_points():
     """(owner, attribute) of everything transparent mode patches."""
     model = keras.Model
     owners = {name: next(k for k in model.__mro__ if name in vars(k))
-              for name in ("fit", "evaluate", "predict", "compile", "save", "save_weights")}
+              for name in ("fit", "evaluate", "predict", "compile", "save", "save_weights",
+                                 "load_weights")}
     var_owner = next(k for k in keras.Variable.__mro__ if "_initialize" in vars(k))
     opt_owner = next(k for k in keras.optimizers.Optimizer.__mro__ if "apply" in vars(k))
     ds_owner = next(k for k in tf.data.Dataset.__mro__ if "__iter__" in vars(k))
@@ -55,7 +56,7 @@ def test_every_patch_is_restored_on_exit(world):
         assert len(changed) == len(before), "some patch point was not patched"
         model.fit(np.ones((16, 3), np.float32), np.zeros((16, 1), np.float32), batch_size=2,
                   verbose=0)
-        assert type(opt).__mro__[2] is keras.optimizers.SGD and hvd.optimizer.is_distributed(opt)
+        assert type(opt) is keras.optimizers.SGD  # averaged by the patched apply, class kept
         assert patches.labels
     assert not is_active()
     after = snapshot()
@@ -63,6 +64,44 @@ def test_every_patch_is_restored_on_exit(world):
     assert type(opt) is keras.optimizers.SGD
     assert sys.stdout is stdout
     assert tf_context.global_seed() == seed
+
+
+def test_each_install_patches_attributes_of_its_own(world):
+    # installers() may run the local installs in any order only because no two of them patch the
+    # same attribute; and each install's patches are undone by its own PatchSet.
+    before = snapshot()
+    patched_by = {}
+    for module in installers():
+        patches = PatchSet()
+        module.install(patches)
+        try:
+            changed = [key for key, value in snapshot().items() if value is not before[key]]
+        finally:
+            patches.restore()
+        assert all(snapshot()[key] is before[key] for key in before), module.__name__
+        for key in changed:
+            assert key not in patched_by, f"{key} patched by {patched_by[key]} and {module.__name__}"
+            patched_by[key] = module.__name__
+    assert set(patched_by) == set(before)
+
+
+def test_xla_is_off_in_compile_and_in_tf_function(world):
+    # hpcrep's collectives cannot be compiled by XLA (they raise if they are): both ways of
+    # asking for it are turned off while transparent mode is active.
+    r, n = world
+    with transparent(announce=False):
+        model = small_model()
+        model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=True)
+        model.fit(np.ones((4 * n, 3), np.float32), np.zeros((4 * n, 1), np.float32), batch_size=2,
+                  verbose=0)
+
+        @tf.function(jit_compile=True)
+        def total(x):
+            return hvd.allreduce(x, op=hvd.Sum)
+
+        got = float(total(tf.constant(float(r))))
+    assert model.jit_compile is False
+    assert got == n * (n - 1) / 2
 
 
 def test_restored_even_when_the_body_raises(world):
@@ -110,3 +149,34 @@ def test_plain_tf_variables_start_with_rank_zeros_value(world):
         for a, b in zip(other[1], everyone[0][1]):
             np.testing.assert_array_equal(a, b)
     assert [e[2] for e in everyone] == [float(i) for i in range(n)]
+
+
+class ShiftedSGD(keras.optimizers.SGD):
+    """A user's optimizer whose own ``apply`` adds 1 to every gradient, then calls Keras's."""
+
+    def apply(self, grads, trainable_variables=None):
+        self.override_calls = getattr(self, "override_calls", 0) + 1
+        return super().apply([g + 1.0 for g in grads], trainable_variables)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf.function"])
+def test_each_apply_reduces_once_and_runs_the_optimizer_once(world, compiled):
+    # One wrapper around Keras's apply: the user's override runs once per step (not again after
+    # the average), and Keras's apply (which counts iterations) once per step.
+    r, n = world
+    with transparent(announce=False):
+        w = tf.Variable([0.0, 0.0])  # created eagerly: rank 0's value everywhere
+        opt = ShiftedSGD(learning_rate=1.0)
+
+        def step():
+            opt.apply([tf.constant([float(r), 2.0 * r])], [w])
+
+        step = tf.function(step) if compiled else step
+        for _ in range(3):
+            step()
+    # each step: w -= mean over ranks of (g_r + 1), g_r = (r, 2r), mean r = (n - 1) / 2
+    mean_r = (n - 1) / 2
+    np.testing.assert_allclose(w.numpy(), [-3 * (mean_r + 1), -3 * (2 * mean_r + 1)], rtol=1e-6)
+    assert int(opt.iterations.numpy()) == 3
+    assert opt.override_calls == (1 if compiled else 3)  # a tf.function traces once
+    assert type(opt) is ShiftedSGD  # nothing left behind on exit

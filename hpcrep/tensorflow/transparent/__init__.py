@@ -8,24 +8,54 @@
 - ``fit``/``evaluate``/``predict`` shard their inputs by rank with equal step counts, average
   logs and metrics, keep file-writing callbacks on rank 0, and run Keras's ``BackupAndRestore``
   as hpcrep's on every rank (:mod:`.training`);
+- XLA is off, in ``Model.compile`` and ``tf.function`` (:mod:`.xla`);
 - a ``tf.data`` dataset iterated in a Python loop yields this rank's share (:mod:`.iteration`);
-- printing, ``model.save`` and ``save_weights`` (atomic) happen on rank 0, ``load_weights``
-  reads on rank 0 for every rank, and XLA is off (:mod:`.rank_zero`).
+- printing, ``model.save`` and ``save_weights`` (atomic) happen on rank 0, and ``load_weights``
+  reads on rank 0 for every rank (:mod:`.rank_zero`).
 
-It is a thin layer over the explicit API (``DistributedOptimizer``'s class,
-``broadcast_variables``, the Keras callbacks). Every patch is undone on exit, in reverse order.
+Each of these modules has an ``install(patches)`` that patches its own attributes, and only
+those. The patches talk to each other only through the per-thread state of :mod:`.state` (inside
+``fit``? creating variables locally?); :mod:`.patching` records every patch so that
+:meth:`PatchSet.restore` undoes all of them on exit, in reverse order.
+
+It is a thin layer over the explicit API (``DistributedOptimizer``'s gradient reducer,
+``broadcast_variables``, the Keras callbacks), not a second implementation.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from types import ModuleType
 from typing import Iterator, Optional
 
 from hpcrep import comm
 from hpcrep.tensorflow.transparent.patching import PatchSet
 
 _active: Optional[PatchSet] = None
+
+
+def installers() -> tuple[ModuleType, ...]:
+    """Return the modules whose ``install`` :func:`transparent` calls, in the order it calls them.
+
+    The order, and why:
+
+    1. :mod:`.initial_values` first: its ``install`` is the only collective one (rank 0 draws the
+       random seed), so every rank reaches that broadcast before any local step that could fail
+       on one rank alone and leave the others waiting in it; and its patch of variable creation
+       is in place before any other ``install`` runs, should one create a variable.
+    2. The rest are local and patch disjoint attributes (no patch wraps another's, which
+       ``tests/mpi/test_transparent_restore.py`` checks), so their order changes nothing but the
+       order of the start-up summary; they come in the order a script meets them: the
+       optimizer, ``fit``, compiling, Python loops, then saving and printing.
+
+    Restoring runs in reverse (:meth:`PatchSet.restore`): stdout comes back first, variable
+    creation is unpatched last.
+    """
+    from hpcrep.tensorflow.transparent import (gradients, initial_values,  # noqa: PLC0415
+                                               iteration, rank_zero, training, xla)
+
+    return (initial_values, gradients, training, xla, iteration, rank_zero)
 
 
 def summary(patches: PatchSet) -> str:
@@ -54,13 +84,11 @@ def transparent(announce: bool = True) -> Iterator[PatchSet]:
         yield _active
         return
     from hpcrep.tensorflow import basics  # noqa: PLC0415 - imports TensorFlow
-    from hpcrep.tensorflow.transparent import (gradients, initial_values,  # noqa: PLC0415
-                                               iteration, rank_zero, training)
 
     basics.init()
     patches = PatchSet()
     try:
-        for module in (initial_values, gradients, training, iteration, rank_zero):
+        for module in installers():  # in this order: see installers()
             module.install(patches)
         _active = patches
         if announce and comm.rank() == 0:
@@ -76,4 +104,4 @@ def is_active() -> bool:
     return _active is not None
 
 
-__all__ = ["transparent", "is_active", "summary", "PatchSet"]
+__all__ = ["transparent", "is_active", "installers", "summary", "PatchSet"]

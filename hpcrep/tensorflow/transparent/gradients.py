@@ -1,17 +1,21 @@
 """Every Keras optimizer applies gradients averaged across ranks.
 
 Keras 3's ``BaseOptimizer.apply`` is the one funnel where gradients meet variables
-(``apply_gradients``, ``model.fit`` and custom loops, eager or inside ``tf.function``). The patch
-turns an optimizer, the first time it applies gradients, into the very class
-:func:`~hpcrep.tensorflow.DistributedOptimizer` builds (via
-:func:`~hpcrep.tensorflow.optimizer.distribute_in_place`), so the averaging is the explicit API's
-code, not a copy. On exit every converted optimizer gets its own class back.
+(``apply_gradients``, ``model.fit`` and custom loops, eager or inside ``tf.function``). The patch is
+one wrapper around it: average the gradients with the explicit API's
+:class:`~hpcrep.tensorflow.gradients.GradientReducer` (the code ``DistributedOptimizer`` runs),
+then call the original ``apply``, once. The optimizer keeps its class and its object, so an
+override of ``apply`` in the user's subclass runs once per step, on the local gradients, before
+the average.
 
-Optimizers that override ``apply`` and delegate to an inner optimizer (``LossScaleOptimizer``)
-average in the inner one.
+A :func:`~hpcrep.tensorflow.DistributedOptimizer` has already averaged in its own ``apply`` when
+its ``super().apply`` reaches the patch, which then calls the original straight away. Optimizers
+that override ``apply`` and delegate to an inner optimizer (``LossScaleOptimizer``) average in the
+inner one.
 
-With ``HPCREP_TRANSPARENT_SCALE_LR`` the rate is multiplied by the number of ranks at the same
-moment (:mod:`hpcrep.tensorflow.lr_scale`, which also keeps the factor out of saved files).
+With ``HPCREP_TRANSPARENT_SCALE_LR`` the rate is multiplied by the number of ranks the first time
+an optimizer applies gradients (:mod:`hpcrep.tensorflow.lr_scale`, which also keeps the factor out
+of saved files).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any
 import keras
 
 from hpcrep import comm, config
+from hpcrep.tensorflow.gradients import GradientReducer
 from hpcrep.tensorflow.lr_scale import scale_learning_rate
-from hpcrep.tensorflow.optimizer import distribute_in_place, is_distributed
+from hpcrep.tensorflow.optimizer import is_distributed
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
 
 
@@ -31,24 +36,24 @@ def install(patches: PatchSet) -> None:
     """Patch ``apply`` of every Keras optimizer. Local."""
     owner = defining_class(keras.optimizers.Optimizer, "apply")
     original = vars(owner)["apply"]
-    converted: "weakref.WeakKeyDictionary[Any, type]" = weakref.WeakKeyDictionary()
-    scale = config.get("HPCREP_TRANSPARENT_SCALE_LR")
+    reducer = GradientReducer()  # average, no compression, no local variables: the defaults
+    seen: "weakref.WeakSet[Any]" = weakref.WeakSet()
+    scale = config.get("HPCREP_TRANSPARENT_SCALE_LR") and comm.size() > 1
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        if is_distributed(self):
-            return original(self, grads, trainable_variables)
-        converted[self] = distribute_in_place(self)
-        if scale and comm.size() > 1:
-            scale_learning_rate(self, comm.size())
-        return self.apply(grads, trainable_variables)
+        """Average ``grads`` across ranks, then apply them with Keras's ``apply``.
 
-    def restore_classes() -> None:
-        for opt, cls in list(converted.items()):
-            object.__setattr__(opt, "__class__", cls)
-        converted.clear()
+        Collective: every rank must call this, in the same order, with matching gradients.
+        """
+        if is_distributed(self):  # DistributedOptimizer's apply averaged them already
+            return original(self, grads, trainable_variables)
+        if self not in seen:
+            seen.add(self)
+            if scale:
+                scale_learning_rate(self, comm.size())
+        return original(self, reducer.reduce(list(grads)), trainable_variables)
 
     patches.attr(owner, "apply", apply)
-    patches.on_restore(restore_classes)
     patches.label("optimizer apply (gradients averaged)")
     patches.label(f"learning rate x{comm.size() if scale else 1}"
                   f"{'' if scale else ' (HPCREP_TRANSPARENT_SCALE_LR=1 for xN)'}")

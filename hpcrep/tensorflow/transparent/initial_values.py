@@ -22,28 +22,21 @@ eagerly, or call :func:`hpcrep.tensorflow.broadcast_variables` on them.
 from __future__ import annotations
 
 import random
-from typing import Any, ContextManager
+from typing import Any
 
 import keras
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 
 from hpcrep import comm
-from hpcrep.tensorflow.transparent.patching import PatchSet, ThreadRegion, defining_class
+from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
+from hpcrep.tensorflow.transparent.state import creating_locally, local_only
 from hpcrep.tensorflow.variables import broadcast_variables
-
-
-_local_creation = ThreadRegion()
-
-
-def local_only() -> ContextManager[None]:
-    """Create variables without broadcasting them, e.g. while rank 0 alone saves a model."""
-    return _local_creation.enter()
 
 
 def _broadcasting() -> bool:
     """True when a variable created now on this thread must get rank 0's value."""
-    return comm.size() > 1 and not _local_creation.active
+    return comm.size() > 1 and not creating_locally()
 
 
 def _broadcast_new_variable(variable: Any) -> None:

@@ -16,7 +16,7 @@ import tensorflow as tf
 from hpcrep import comm
 from hpcrep.tensorflow.transparent import sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
-from hpcrep.tensorflow.transparent.training import in_keras_loop
+from hpcrep.tensorflow.transparent.state import in_keras_loop
 
 
 def should_shard(dataset: tf.data.Dataset, size: int) -> bool:

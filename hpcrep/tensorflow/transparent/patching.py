@@ -7,9 +7,8 @@ undo step and raises the first error afterwards.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Any, Callable, Iterator
+import inspect
+from typing import Any, Callable
 
 _MISSING = object()
 
@@ -24,6 +23,14 @@ def defining_class(cls: type, name: str) -> type:
         if name in vars(klass):
             return klass
     raise AttributeError(f"{cls.__qualname__} has no attribute {name!r} to patch")
+
+
+def bind(original: Callable, self: Any, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    """Bind a patched method's call to the signature of the ``original`` it wraps, defaults
+    filled in, so a wrapper can read or change an argument however it was passed."""
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    bound.apply_defaults()
+    return bound
 
 
 class PatchSet:
@@ -70,24 +77,3 @@ class PatchSet:
         if errors:
             raise errors[0]
 
-
-class ThreadRegion:
-    """A per-thread, nestable region: ``with region.enter(): ...`` marks it; :attr:`active` says
-    whether the calling thread is inside one (another thread's regions do not count)."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    @property
-    def active(self) -> bool:
-        """True while this thread is inside at least one :meth:`enter`."""
-        return getattr(self._local, "depth", 0) > 0
-
-    @contextlib.contextmanager
-    def enter(self) -> Iterator[None]:
-        """Mark the body as inside the region (nesting allowed)."""
-        self._local.depth = getattr(self._local, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            self._local.depth -= 1

@@ -1,5 +1,5 @@
 """Side effects on rank 0 only: printing, ``model.save``/``save_weights`` and reading weights
-files with ``load_weights``; no XLA.
+files with ``load_weights``.
 
 Saving runs without the variable-creation broadcast (rank 0 is alone), writes to a temporary
 name and renames it into place (a rank killed mid-save leaves the previous complete file), and
@@ -12,9 +12,6 @@ every rank. Inside ``fit`` the saving callbacks run on rank 0 alone, so there is
 ``load_weights`` outside ``fit`` reads the file on rank 0 and gives every rank rank 0's model
 and optimizer state (the file need only be visible to rank 0); inside ``fit`` (a callback on
 rank 0) it reads locally and the callback shares the state.
-
-``tf.function(jit_compile=True)`` becomes ``jit_compile=False``: hpcrep's collectives run in
-``tf.numpy_function``, which XLA cannot compile.
 """
 
 from __future__ import annotations
@@ -26,16 +23,14 @@ import sys
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from hpcrep import comm
 from hpcrep.checkpoint.root_io import (SUFFIXES, agree_outcome, commit, discard,
                                        temporary_beside)
 from hpcrep.tensorflow import lr_scale
 from hpcrep.tensorflow.backup_and_restore import broadcast_model_state
-from hpcrep.tensorflow.transparent.initial_values import local_only
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
-from hpcrep.tensorflow.transparent.training import in_keras_loop
+from hpcrep.tensorflow.transparent.state import in_keras_loop, local_only
 
 
 def _write_atomically(original: Any, self: Any, args: tuple, kwargs: dict) -> Any:
@@ -104,7 +99,7 @@ def _rank_zero_reader(original: Any) -> Any:
 
 
 def install(patches: PatchSet) -> None:
-    """Patch printing, saving and ``tf.function``. Local."""
+    """Patch printing, saving and loading. Local."""
     for name in ("save", "save_weights"):
         owner = defining_class(keras.Model, name)
         patches.attr(owner, name, _rank_zero_writer(vars(owner)[name], f"model.{name}"))
@@ -124,13 +119,3 @@ def install(patches: PatchSet) -> None:
         patches.on_restore(restore_stdout)
     patches.label("printing (rank 0 only)")
 
-    original_function = tf.function
-
-    @functools.wraps(original_function)
-    def function(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("jit_compile"):
-            kwargs["jit_compile"] = False
-        return original_function(*args, **kwargs)
-
-    patches.attr(tf, "function", function)
-    patches.label("jit_compile=False (tf.function, Model.compile)")

@@ -1,23 +1,22 @@
-"""``Model.fit``, ``evaluate``, ``predict`` and ``compile`` under transparent mode.
+"""``Model.fit``, ``evaluate`` and ``predict`` under transparent mode.
 
 ``fit``: inputs (training and validation) sharded with equal step counts
 (:mod:`.sharding`); progress bar only on rank 0; the callback list becomes
 :func:`distributed_callbacks`: rank 0's weights and optimizer state broadcast at the start, epoch
 logs averaged across ranks before any user callback reads them, file-writing callbacks kept on
 rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks. ``predict`` shards and
-returns the full predictions, in input order, on every rank. ``compile`` forces
-``jit_compile=False``: the collectives cannot be compiled by XLA. With ``HPCREP_CHECKPOINT_DIR``
-set, ``fit`` resumes from the newest good checkpoint there and saves every epoch.
+returns the full predictions, in input order, on every rank. With ``HPCREP_CHECKPOINT_DIR``
+set, ``fit`` resumes from the newest good checkpoint there and saves every epoch. (``compile``
+is :mod:`.xla`'s.)
 
-Calls that Keras makes from inside a patched call (``fit`` runs ``evaluate`` for validation) pass
-straight through.
+Each patched call runs inside :func:`.state.keras_loop`; calls that Keras makes from there
+(``fit`` runs ``evaluate`` for validation) pass straight through.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import keras
 import numpy as np
@@ -28,21 +27,14 @@ from hpcrep.tensorflow.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                MetricAverageCallback, average_logs)
 from hpcrep.tensorflow.transparent import sharding
-from hpcrep.tensorflow.transparent.patching import PatchSet, ThreadRegion, defining_class
+from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
+from hpcrep.tensorflow.transparent.state import in_keras_loop, keras_loop
 
 # Callbacks that write files or summaries: they run on rank 0 only. (Keras's BackupAndRestore is
 # not among them: fit replaces it by hpcrep's, which runs on every rank.)
 ROOT_ONLY_CALLBACKS: tuple[type, ...] = (keras.callbacks.ModelCheckpoint,
                                          keras.callbacks.TensorBoard, keras.callbacks.CSVLogger,
                                          keras.callbacks.ProgbarLogger)
-
-_keras_loop = ThreadRegion()
-
-
-def in_keras_loop() -> bool:
-    """Return True while a patched ``fit``/``evaluate``/``predict`` runs on this thread."""
-    return _keras_loop.active
-
 
 def _distributed(callback: Any) -> Any:
     """Keras's ``BackupAndRestore`` (or a subclass) becomes hpcrep's (same files, every rank);
@@ -70,12 +62,6 @@ def distributed_callbacks(callbacks: Any, checkpoint: Optional[keras.callbacks.C
                                           if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
     return [BroadcastGlobalVariablesCallback(root_rank=0), MetricAverageCallback(), *kept,
             *([checkpoint] if checkpoint is not None else [])]
-
-
-def _bind(original: Callable, self: Any, args: tuple, kwargs: dict) -> inspect.BoundArguments:
-    bound = inspect.signature(original).bind(self, *args, **kwargs)
-    bound.apply_defaults()
-    return bound
 
 
 def _quiet_off_root(arguments: dict) -> None:
@@ -116,20 +102,18 @@ class _BatchSizes(keras.callbacks.Callback):
 
 
 def install(patches: PatchSet) -> None:
-    """Patch ``fit``, ``evaluate``, ``predict`` and ``compile`` of ``keras.Model``. Local."""
+    """Patch ``fit``, ``evaluate`` and ``predict`` of ``keras.Model``. Local."""
     rank, size = comm.rank(), comm.size()
     fit_owner = defining_class(keras.Model, "fit")
     original_fit = vars(fit_owner)["fit"]
     original_evaluate = vars(defining_class(keras.Model, "evaluate"))["evaluate"]
     original_predict = vars(defining_class(keras.Model, "predict"))["predict"]
-    compile_owner = defining_class(keras.Model, "compile")
-    original_compile = vars(compile_owner)["compile"]
 
     @functools.wraps(original_fit)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
         if in_keras_loop():
             return original_fit(self, *args, **kwargs)
-        bound = _bind(original_fit, self, args, kwargs)
+        bound = bind(original_fit, self, args, kwargs)
         a = bound.arguments
         a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
             a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True)
@@ -141,21 +125,21 @@ def install(patches: PatchSet) -> None:
             a["initial_epoch"] = max(a["initial_epoch"], checkpoint.restore(self))
         a["callbacks"] = distributed_callbacks(a["callbacks"], checkpoint)
         _quiet_off_root(a)
-        with _keras_loop.enter():
+        with keras_loop():
             return original_fit(*bound.args, **bound.kwargs)
 
     @functools.wraps(original_evaluate)
     def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         if in_keras_loop():
             return original_evaluate(self, *args, **kwargs)
-        bound = _bind(original_evaluate, self, args, kwargs)
+        bound = bind(original_evaluate, self, args, kwargs)
         a = bound.arguments
         a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
             a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True)
         if comm.rank() != 0 and isinstance(a["callbacks"], (list, tuple)):
             a["callbacks"] = [cb for cb in a["callbacks"] if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
         _quiet_off_root(a)
-        with _keras_loop.enter():
+        with keras_loop():
             result = original_evaluate(*bound.args, **bound.kwargs)
         return _average_result(result) if size > 1 else result
 
@@ -163,7 +147,7 @@ def install(patches: PatchSet) -> None:
     def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
         if in_keras_loop() or size == 1:
             return original_predict(self, *args, **kwargs)
-        bound = _bind(original_predict, self, args, kwargs)
+        bound = bind(original_predict, self, args, kwargs)
         a = bound.arguments
         a["x"], _, kind = sharding.shard_input(a["x"], [], rank, size, equal=False)
         sizes = _BatchSizes()
@@ -171,19 +155,12 @@ def install(patches: PatchSet) -> None:
         user = list(user) if isinstance(user, (list, tuple)) else ([] if user is None else [user])
         a["callbacks"] = [*user, sizes]
         _quiet_off_root(a)
-        with _keras_loop.enter():
+        with keras_loop():
             outputs = original_predict(*bound.args, **bound.kwargs)
         return sharding.gather_predictions(outputs, None if kind == "arrays" else sizes.sizes)
-
-    @functools.wraps(original_compile)
-    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
-        bound = _bind(original_compile, self, args, kwargs)
-        bound.arguments["jit_compile"] = False
-        return original_compile(*bound.args, **bound.kwargs)
 
     patches.attr(fit_owner, "fit", fit)
     patches.attr(defining_class(keras.Model, "evaluate"), "evaluate", evaluate)
     patches.attr(defining_class(keras.Model, "predict"), "predict", predict)
-    patches.attr(compile_owner, "compile", compile)
     patches.label("fit/evaluate/predict (inputs sharded, equal steps)")
     patches.label("epoch logs (averaged), callbacks writing files (rank 0 only)")

@@ -1,7 +1,8 @@
-"""Where this process runs: the one table of Slurm variables hpcrep reads.
+"""The Slurm job this process runs in: the one table of Slurm variables hpcrep reads.
 
-Read them through :func:`slurm` (never ``os.environ["SLURM_..."]`` inline). Under ``mpirun`` inside
-an allocation every rank sees ``SLURM_PROCID=0``: take ranks from MPI, not from here.
+Read them through :func:`slurm` (never ``os.environ["SLURM_..."]`` inline); :func:`job_id` and
+:func:`restart_count` are its two most asked questions. Under ``mpirun`` inside an allocation
+every rank sees ``SLURM_PROCID=0``: take ranks from MPI, not from here.
 """
 
 from __future__ import annotations
@@ -56,3 +57,13 @@ def slurm(environ: Optional[Mapping[str, str]] = None) -> SlurmEnvironment:
         else:
             values[field.name] = raw
     return SlurmEnvironment(**values)
+
+
+def job_id() -> Optional[str]:
+    """Return this job's Slurm id, or None outside Slurm."""
+    return slurm().job_id
+
+
+def restart_count() -> int:
+    """Return how many times Slurm has requeued this job (0 on the first run or outside Slurm)."""
+    return slurm().restart_count or 0
