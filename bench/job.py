@@ -4,7 +4,8 @@ results as JSON for the harness.
 
 Communication time is what a step costs above the same step without communication: a variant's
 ``comm_ms`` is its step time minus the ``nosync`` step time of the same job (never below 0), and
-``compute_ms`` is the ``nosync`` step time. The step is one compiled function (gradients averaged
+``compute_ms`` the rest of its step time (the ``nosync`` step time, or less for a step that ran
+faster than it: noise). The step is one compiled function (gradients averaged
 inside ``DistributedGradientTape.gradient`` or the optimizer's ``apply``, batch-norm statistics
 inside the forward pass), so this counts every exchange the step makes, as the user's step
 makes it. Without ``nosync`` among the modes the split is not reported (``None``).
@@ -73,7 +74,7 @@ def split_communication(results: dict[str, dict]) -> dict[str, dict]:
             r["comm_ms"] = r["compute_ms"] = r["comm_fraction"] = None
             continue
         comm = max(r["step_ms"] - base, 0.0)
-        r["comm_ms"], r["compute_ms"] = comm, base
+        r["comm_ms"], r["compute_ms"] = comm, r["step_ms"] - comm  # their sum is the step
         r["comm_fraction"] = comm / r["step_ms"] if r["step_ms"] > 0 else 0.0
     return results
 
