@@ -1,11 +1,12 @@
 """``hpcrep bench MODEL --ranks 1,2,4``: weak-scaling benchmark with peers side by side.
 
-For each model and rank count one MPI job (``jobs/<model>.py --bench-json``) times the same
-training step under hpcrep, with no synchronisation (upper bound) and with a hand-written mpi4py
-allreduce (raw baseline); ResNet-50 also runs under ``tf.distribute.MultiWorkerMirroredStrategy``
-on localhost. Horovod is run when importable and recorded as "not importable" otherwise. The
-allreduce benchmark (``bench.allreduce``) runs in the same invocation. Results, plots and a
-projection to 8..1024 ranks go to ``reports/<timestamp>/``.
+For each model and rank count one MPI job (``python -m jobs.<package> --bench-json``, run from
+the repository's top directory) times the job's own training step with hpcrep's public API, with
+no synchronisation (upper bound) and with a hand-written mpi4py allreduce (raw baseline) swapped
+in underneath (``bench/variants.py``); ResNet-50 also runs under
+``tf.distribute.MultiWorkerMirroredStrategy`` on localhost. Horovod is run when importable and
+recorded as "not importable" otherwise. The allreduce benchmark (``bench.allreduce``) runs in the
+same invocation. Results, plots and a projection to 8..1024 ranks go to ``reports/<timestamp>/``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("resnet50", "sngan", "d4pg")
+JOBS = {"resnet50": "jobs.resnet", "sngan": "jobs.sngan", "d4pg": "jobs.d4pg"}  # python -m
 MODES = ("hpcrep", "nosync", "mpi4py")
 
 # Per-model job arguments: quick mode (make bench, minutes on 2 cores) and full mode. Quick mode
@@ -135,8 +137,8 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
 
 def run_job(model: str, n: int, job_args: list[str], timeout: int,
             errors: list, nodes: Any = None) -> Optional[dict]:
-    """Run ``jobs/<model>.py`` on ``n`` ranks (across ``nodes`` if given); return its JSON, or
-    None (error recorded)."""
+    """Run ``python -m jobs.<package>`` on ``n`` ranks (across ``nodes`` if given), from the
+    repository's top directory; return its JSON, or None (error recorded)."""
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
 
     launch = nodes.mpirun_command if nodes is not None else mpirun_command
@@ -145,12 +147,13 @@ def run_job(model: str, n: int, job_args: list[str], timeout: int,
     os.makedirs(os.path.dirname(path), exist_ok=True)
     env = mpirun_env()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    command = launch(n, [sys.executable, os.path.join(ROOT, "jobs", f"{model}.py")] + job_args)
+    command = launch(n, [sys.executable, "-m", JOBS[model]] + job_args)
     label = f"{model} x{n} ({job_args[job_args.index('--modes') + 1]})"
     print(f"bench: {label} ...", flush=True)
     start = time.time()
     try:
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
+                              cwd=ROOT)
     except subprocess.TimeoutExpired:
         errors.append(f"{label}: timed out after {timeout} s")
         return None

@@ -1,5 +1,15 @@
-"""What every benchmark job in ``jobs/`` shares: common options, running each synchronisation
-mode under the same model, and writing rank 0's results as JSON for the harness."""
+"""What every benchmark job in ``jobs/`` shares: common options, timing the job's own training
+step with each variant (:mod:`bench.variants`) swapped in underneath, and writing rank 0's
+results as JSON for the harness.
+
+Communication time is what a step costs above the same step without communication: a variant's
+``comm_ms`` is its step time minus the ``nosync`` step time of the same job (never below 0), and
+``compute_ms`` the rest of its step time (the ``nosync`` step time, or less for a step that ran
+faster than it: noise). The step is one compiled function (gradients averaged
+inside ``DistributedGradientTape.gradient`` or the optimizer's ``apply``, batch-norm statistics
+inside the forward pass), so this counts every exchange the step makes, as the user's step
+makes it. Without ``nosync`` among the modes the split is not reported (``None``).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +21,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from bench.sync import MODES, Synchronizer, make_synchronizer
+from bench.sync import MODES
 from bench.timing import time_steps
+from bench.variants import Variant, variant
 
-# A step factory takes a synchroniser and returns a step: a function that runs one training step
-# and returns the seconds it spent synchronising.
-StepFactory = Callable[[Synchronizer, str], Callable[[], float]]
+# A step factory takes a variant and returns a step: a function that runs one training step of
+# the job with that variant underneath (and returns 0.0: no communication time of its own).
+StepFactory = Callable[[Variant], Callable[[], float]]
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser, extra_modes: Sequence[str] = ()) -> None:
@@ -42,14 +53,29 @@ def parse_modes(text: str, allowed: Sequence[str]) -> list[str]:
 
 def run_modes(factory: StepFactory, modes: Sequence[str], steps: int, warmup: int,
               items_per_step: float) -> dict[str, dict]:
-    """Time ``steps`` steps of the model under each synchroniser in ``modes``.
+    """Time ``steps`` steps of the job under each variant in ``modes``; split each step into
+    communication and compute against ``nosync`` (see the module docstring).
 
     Collective: every rank must call this with the same arguments.
     """
     results = {}
     for mode in modes:
-        step = factory(make_synchronizer(mode), mode)
+        step = factory(variant(mode))
         results[mode] = time_steps(step, steps, warmup, items_per_step)
+    return split_communication(results)
+
+
+def split_communication(results: dict[str, dict]) -> dict[str, dict]:
+    """Set ``comm_ms``, ``compute_ms`` and ``comm_fraction`` of every mode from its step time and
+    the ``nosync`` step time (all ``None`` without a ``nosync`` run). Returns ``results``."""
+    base = results.get("nosync", {}).get("step_ms")
+    for r in results.values():
+        if base is None:
+            r["comm_ms"] = r["compute_ms"] = r["comm_fraction"] = None
+            continue
+        comm = max(r["step_ms"] - base, 0.0)
+        r["comm_ms"], r["compute_ms"] = comm, r["step_ms"] - comm  # their sum is the step
+        r["comm_fraction"] = comm / r["step_ms"] if r["step_ms"] > 0 else 0.0
     return results
 
 

@@ -50,19 +50,28 @@ def make_synchronizer(mode: str) -> Synchronizer:
 
 
 def _mpi4py_average(grads: Sequence[tf.Tensor]) -> list:
-    from mpi4py import MPI  # noqa: PLC0415
-
-    world = MPI.COMM_WORLD
     # Embedding-style gradients arrive as tf.IndexedSlices: densify, as a hand-written
     # baseline would.
     arrays = [np.asarray(tf.convert_to_tensor(g), dtype=np.float32) for g in grads]
+    return [tf.constant(a) for a in average_arrays(arrays)]
+
+
+def average_arrays(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The raw baseline on numpy: pack into one flat float32 buffer, one
+    ``MPI.COMM_WORLD.Allreduce(IN_PLACE)``, divide by the size, split back into the shapes.
+
+    Collective: every rank must call this, in the same order, with arrays of the same shapes.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    world = MPI.COMM_WORLD
     if world.Get_size() == 1:
-        return [tf.constant(a) for a in arrays]
-    flat = np.concatenate([a.ravel() for a in arrays])
+        return [np.asarray(a, np.float32) for a in arrays]
+    flat = np.concatenate([np.asarray(a, np.float32).ravel() for a in arrays])
     world.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
     flat /= world.Get_size()
     out, offset = [], 0
     for a in arrays:
-        out.append(tf.constant(flat[offset:offset + a.size].reshape(a.shape)))
+        out.append(flat[offset:offset + a.size].reshape(a.shape))
         offset += a.size
     return out

@@ -4,7 +4,10 @@ Each subcommand lives in its own module that defines ``configure(parser)`` (add 
 ``argparse`` sub-parser) and ``main(args) -> int``. :func:`build_parser` imports every
 subcommand's module to add its arguments (none of them imports TensorFlow at module level); a
 module that cannot be imported because a dependency of its own is missing is left out, so a
-missing optional dependency breaks only its command.
+missing optional dependency breaks only its command. A module that also defines
+``forward(name, argv) -> int`` gets its arguments unparsed (``hpcrep bench`` and ``hpcrep report``
+hand them to the benchmark of the source checkout, which hpcrep never imports:
+:mod:`hpcrep.launch.checkout`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("hpcrep.launch.run_command", "run a script on N ranks (mpirun, or srun inside Slurm)"),
     "slurm": ("hpcrep.slurm.command", "render or submit a Slurm batch script"),
     "data": ("hpcrep.data.command", "convert arrays or Fashion-MNIST to sharded HDF5"),
-    "bench": ("bench.command", "run the scaling benchmark for a model"),
-    "report": ("bench.report_command", "re-render a benchmark report from its JSON"),
+    "bench": ("hpcrep.launch.checkout", "run the scaling benchmark of the source checkout"),
+    "report": ("hpcrep.launch.checkout", "re-render a benchmark report from its JSON"),
 }
 
 
@@ -48,6 +51,11 @@ def _load(module_name: str):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``hpcrep`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        module = _load(COMMANDS[argv[0]][0])
+        if module is not None and hasattr(module, "forward"):
+            return int(module.forward(argv[0], argv[1:]))
     args = build_parser().parse_args(argv)
     module = _load(args._module)
     if module is None:

@@ -1,4 +1,6 @@
-"""Plain TensorFlow: a custom ``GradientTape`` loop with a ``tf.function`` step. No hpcrep code.
+"""Plain TensorFlow: a custom ``GradientTape`` loop with a ``tf.function`` step.
+No hpcrep training code (Fashion-MNIST comes from ``hpcrep.data``, a numpy loader of Debian's
+dataset-fashion-mnist).
 
 Logistic regression / small MLP on Fashion-MNIST, iterating a ``tf.data`` dataset in Python.
 
@@ -12,7 +14,7 @@ import time
 import keras
 import tensorflow as tf
 
-import fashion_data
+from hpcrep.data import fashion_mnist_split
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--rows", type=int, default=4096, help="training images used (0: all 60000)")
@@ -21,7 +23,8 @@ parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--lr", type=float, default=0.1)
 args = parser.parse_args()
 
-x, y = fashion_data.load("train", args.rows)
+x, y = fashion_mnist_split("train", args.rows)
+x = x.reshape(-1, 784).astype("float32") / 255.0
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch_size)
 
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),

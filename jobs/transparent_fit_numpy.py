@@ -1,4 +1,6 @@
-"""Plain Keras: ``model.fit`` on numpy arrays with callbacks that write files. No hpcrep code.
+"""Plain Keras: ``model.fit`` on numpy arrays with callbacks that write files.
+No hpcrep training code (Fashion-MNIST comes from ``hpcrep.data``, a numpy loader of Debian's
+dataset-fashion-mnist).
 
 Writes ``OUT/best.keras`` (ModelCheckpoint), ``OUT/log.csv`` (CSVLogger) and ``OUT/final.weights.h5``.
 
@@ -11,7 +13,7 @@ import os
 
 import keras
 
-import fashion_data
+from hpcrep.data import fashion_mnist_split
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--rows", type=int, default=8192, help="training images used (0: all 60000)")
@@ -21,7 +23,8 @@ parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--out", default="outputs", help="directory for checkpoint and log files")
 args = parser.parse_args()
 
-x, y = fashion_data.load("train", args.rows)
+x, y = fashion_mnist_split("train", args.rows)
+x = x.reshape(-1, 784).astype("float32") / 255.0
 os.makedirs(args.out, exist_ok=True)
 
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),

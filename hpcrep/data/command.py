@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hpcrep.data.convert import FASHION_MNIST_DIR, load_arrays, load_fashion_mnist, write_hdf5
+from hpcrep.data.convert import load_arrays, write_hdf5
+from hpcrep.data.mnist import FASHION_MNIST_DIR, load_fashion_mnist
 from hpcrep.errors import DataError
 
 

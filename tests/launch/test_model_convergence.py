@@ -1,4 +1,5 @@
-"""Convergence checks of the three reference models, each a real 2-rank MPI job (jobs/*.py).
+"""Convergence checks of the three reference workloads, each a real 2-rank MPI job
+(``python -m jobs.<package>`` from the repository's top directory).
 
 Small, CPU-sized settings so that all three take a few minutes; each asserts a learning outcome,
 not just that the job ran, and that the ranks end with identical weights.
@@ -27,15 +28,15 @@ def tmp_path():
         yield path
 
 
-def run_job(script: str, args: list[str], tmp_path, ranks: int = 2, timeout: int = 600) -> dict:
+def run_job(module: str, args: list[str], tmp_path, ranks: int = 2, timeout: int = 600) -> dict:
     out = tmp_path / "result.json"
     env = mpirun_env()
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    command = mpirun_command(ranks, [sys.executable, os.path.join(ROOT, "jobs", script)]
+    command = mpirun_command(ranks, [sys.executable, "-m", module]
                              + args + ["--result-json", str(out)])
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT)
-    assert out.exists(), f"{script} wrote no result (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert out.exists(), f"{module} wrote no result (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(out.read_text()) | {"returncode": proc.returncode}
 
 
@@ -47,7 +48,7 @@ def need_fashion_mnist(skip_missing) -> None:
 @pytest.mark.timeout(700)
 def test_resnet_style_net_learns_fashion_mnist(tmp_path, skip_missing):
     need_fashion_mnist(skip_missing)
-    r = run_job("resnet50.py", ["--arch", "small", "--dataset", "fashion-mnist",
+    r = run_job("jobs.resnet", ["--arch", "small", "--dataset", "fashion-mnist",
                                 "--train-examples", "6000", "--batch", "32", "--epochs", "3",
                                 "--base-lr", "0.4", "--test-examples", "1000",
                                 "--min-accuracy", "0.65", "--seed", "0"], tmp_path)
@@ -63,9 +64,9 @@ def test_resnet_style_net_learns_fashion_mnist(tmp_path, skip_missing):
 @pytest.mark.timeout(700)
 def test_sngan_losses_bounded_and_samples_differ_by_class(tmp_path, skip_missing):
     need_fashion_mnist(skip_missing)
-    r = run_job("sngan.py", ["--dataset", "fashion-mnist", "--image-size", "16", "--g-ch", "32",
-                             "--d-ch", "32", "--batch", "16", "--n-dis", "1",
-                             "--iterations", "60", "--train-examples", "4000", "--seed", "0"],
+    r = run_job("jobs.sngan", ["--dataset", "fashion-mnist", "--image-size", "16", "--g-ch", "32",
+                               "--d-ch", "32", "--batch", "16", "--n-dis", "1",
+                               "--iterations", "60", "--train-examples", "4000", "--seed", "0"],
                 tmp_path)
     assert r["ranks"] == 2 and r["returncode"] == 0
     assert r["finite"] and len(r["d_losses"]) == 60
@@ -89,9 +90,9 @@ def test_d4pg_raises_pendulum_return(tmp_path, skip_missing):
     # bar holds across seeds, not just this one: with the actor learning rate at 1e-3, 11 seeds
     # of 11 learned by episode 12, the mean of the last 5 of 20 episodes between -121 and -215.
     # (At 3e-4 and 3000 steps, 2 seeds in 9 stayed below -700; one CI run ended at -728.)
-    r = run_job("d4pg.py", ["--deterministic", "--seed", "0", "--env-steps", "4000",
-                            "--min-replay", "1000", "--batch", "256", "--last-episodes", "5",
-                            "--min-return", "-700"],
+    r = run_job("jobs.d4pg", ["--deterministic", "--seed", "0", "--env-steps", "4000",
+                              "--min-replay", "1000", "--batch", "256", "--last-episodes", "5",
+                              "--min-return", "-700"],
                 tmp_path, timeout=850)
     assert r["ranks"] == 2 and r["weights_agree"]
     assert len(r["returns"]) == 20  # 200-step episodes

@@ -1,32 +1,30 @@
 """D4PG with a data-parallel learner across ranks and one actor per rank (``hpcrep.tensorflow``).
 
-Run on N ranks:  ``mpirun -n N python jobs/d4pg.py [options]``  (or ``srun``).
+Run on N ranks from the repository's top directory:
+``mpirun -n N python -m jobs.d4pg [options]`` (or ``srun``).
 
 - Training (default): every rank's actor steps its own ``--env`` (gymnasium ``Pendulum-v1``) with
-  the behaviour policy (acting compiled in a ``tf.function``), feeding its replay; after
-  ``--min-replay`` transitions the learner takes one data-parallel step per environment step and
-  pushes the policy to the actors every ``--actor-update-period`` learner steps. Rank 0 writes the
-  episode returns (averaged over ranks) to ``--result-json``; exits 1 if the mean of the last
+  the behaviour policy, feeding its replay; after ``--min-replay`` transitions the learner takes
+  one data-parallel step (``hvd.DistributedGradientTape``) per environment step and pushes the
+  policy to the actors every ``--actor-update-period`` learner steps. Rank 0 writes the episode
+  returns (averaged over ranks) to ``--result-json``; exits 1 if the mean of the last
   ``--last-episodes`` returns is below ``--min-return``.
-- Benchmark (``--bench-json PATH``): fills the replay with random actions, then times learner
-  steps under each synchroniser in ``--modes``.
+- Benchmark (``--bench-json PATH``, what ``hpcrep bench`` runs): fills the replay with random
+  actions, then times the same learner step with each variant in ``--modes`` underneath
+  (:mod:`bench.variants`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes, weights_agree,  # noqa: E402
-                       write_result)
-from bench.sync import MODES  # noqa: E402
+from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes,
+                       weights_agree, write_result)
+from bench.sync import MODES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,17 +49,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build(args, env, rank: int):
-    from bench.models.d4pg import D4PG, D4PGConfig, NStepAdder, Replay  # noqa: PLC0415
+def build(args, env, rank: int, distributed_tape=None):
+    from jobs.d4pg.acting import Actor, Replay  # noqa: PLC0415
+    from jobs.d4pg.learning import D4PGConfig, Learner  # noqa: PLC0415
 
     rates = {k: v for k, v in (("actor_lr", args.actor_lr), ("critic_lr", args.critic_lr))
              if v is not None}
     config = D4PGConfig(batch=args.batch, min_replay=args.min_replay, n_step=args.n_step,
                         actor_update_period=args.actor_update_period, sigma=args.sigma, **rates)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    agent = D4PG(obs_dim, act_dim, config)
+    learner = Learner(obs_dim, act_dim, config, distributed_tape)
     replay = Replay(config.replay_capacity, obs_dim, act_dim, seed=args.seed + rank)
-    return agent, replay, NStepAdder(config.n_step, config.discount)
+    return learner, Actor(env, replay, config, seed=args.seed + rank), replay
 
 
 def train(args: argparse.Namespace) -> int:
@@ -69,8 +68,8 @@ def train(args: argparse.Namespace) -> int:
     import tensorflow as tf  # noqa: PLC0415
 
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
-    from bench.models.d4pg import make_env  # noqa: PLC0415
-    from bench.sync import make_synchronizer  # noqa: PLC0415
+    from bench.variants import variant  # noqa: PLC0415
+    from jobs.d4pg.acting import make_env  # noqa: PLC0415
 
     rank, size = hvd.rank(), hvd.size()
     if args.deterministic:
@@ -79,33 +78,26 @@ def train(args: argparse.Namespace) -> int:
     # this seeds Python, NumPy, TensorFlow and Keras together.
     keras.utils.set_random_seed(args.seed + rank)
     env = make_env(args.env, args.seed + rank)
-    agent, replay, adder = build(args, env, rank)
-    hvd.broadcast_variables(agent.variables, root_rank=0)
-    agent.push_weights()
-    sync, scale = make_synchronizer(args.sync), float(env.action_space.high[0])
-    sigma = tf.constant(args.sigma, tf.float32)
-    o_tm1, _ = env.reset(seed=args.seed + rank)
-    returns, episode_return, start = [], 0.0, time.time()
+    learner, actor, replay = build(args, env, rank, variant(args.sync).DistributedGradientTape)
+    hvd.broadcast_variables(learner.variables, root_rank=0)
+    actor.update(learner.policy_variables)
+    returns, start = [], time.time()
     for t in range(args.env_steps):
-        a_tm1 = agent.act(tf.constant(o_tm1, tf.float32), sigma).numpy()
-        o_t, r_t, terminated, truncated, _ = env.step(a_tm1 * scale)
-        episode_return += float(r_t)
-        for transition in adder.add(o_tm1, a_tm1, float(r_t), o_t, terminated, truncated):
-            replay.add(*transition)
-        o_tm1 = o_t
-        if terminated or truncated:
-            returns.append(episode_return)
-            episode_return, (o_tm1, _) = 0.0, env.reset()
+        finished = actor.step()
+        if finished is not None:
+            returns.append(finished)
             if rank == 0 and len(returns) % 5 == 0:
                 print(f"episode {len(returns)} (env step {t + 1}): return {returns[-1]:.1f}",
                       flush=True)
         if replay.size >= args.min_replay:  # same step on every rank: same env steps per rank
-            agent.learner_step(replay, sync)
+            learner.step(*replay.sample(args.batch))
+            if learner.steps % args.actor_update_period == 0:
+                actor.update(learner.policy_variables)
     mean_returns = hvd.allreduce(np.array(returns, np.float64), op=hvd.Average).numpy().tolist()
     last = float(np.mean(mean_returns[-args.last_episodes:]))
     result = {"returns": mean_returns, "first_return": mean_returns[0], "last_mean_return": last,
-              "learner_steps": agent.learner_steps, "env_steps_per_rank": args.env_steps,
-              "weights_agree": weights_agree(agent.trainable_variables),
+              "learner_steps": learner.steps, "env_steps_per_rank": args.env_steps,
+              "weights_agree": weights_agree(learner.trainable_variables),
               "seconds": time.time() - start, "ranks": size}
     if rank == 0:
         print(json.dumps({k: v for k, v in result.items() if k != "returns"}), flush=True)
@@ -115,35 +107,33 @@ def train(args: argparse.Namespace) -> int:
 
 def bench(args: argparse.Namespace, modes: list[str]) -> int:
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
-    from bench.models.d4pg import make_env  # noqa: PLC0415
-    from bench.timing import Stopwatch  # noqa: PLC0415
+    from jobs.d4pg.acting import make_env  # noqa: PLC0415
 
     rank, size = hvd.rank(), hvd.size()
     env = make_env(args.env, args.seed + rank)
-    agent, replay, adder = build(args, env, rank)
-    o_tm1, _ = env.reset(seed=args.seed + rank)
+    learner, actor, replay = build(args, env, rank)
     for _ in range(max(args.min_replay, args.batch)):
-        a_tm1 = env.action_space.sample() / env.action_space.high
-        o_t, r_t, term, trunc, _ = env.step(a_tm1 * env.action_space.high)
-        for transition in adder.add(o_tm1, a_tm1, float(r_t), o_t, term, trunc):
-            replay.add(*transition)
-        o_tm1 = env.reset()[0] if term or trunc else o_t
-    hvd.broadcast_variables(agent.variables, root_rank=0)
-    watch = Stopwatch()
+        actor.step(random=True)
 
-    def factory(sync, mode):
+    def factory(v):
+        from jobs.d4pg.learning import Learner  # noqa: PLC0415
+
+        # The same learner step, v underneath.
+        timed = Learner(env.observation_space.shape[0], env.action_space.shape[0],
+                        learner.config, v.DistributedGradientTape)
+        hvd.broadcast_variables(timed.variables, root_rank=0)
+
         def step() -> float:
-            agent.learner_step(replay, sync, watch)
-            return watch.take()
+            timed.step(*replay.sample(args.batch))
+            return 0.0
         return step
 
     runs = run_modes(factory, modes, args.steps, args.warmup, args.batch * size)
     for r in runs.values():
         r["learner_steps_per_s"] = 1e3 / r["step_ms"]
-    params = agent.trainable_variables
     write_result(args.bench_json, {
         "model": "d4pg", "unit": "transitions/s", "runs": runs,
-        **gradient_summary(params), "config": vars(args)})
+        **gradient_summary(learner.trainable_variables), "config": vars(args)})
     return 0
 
 
@@ -155,7 +145,3 @@ def main(argv=None) -> int:
     if args.bench_json:
         return bench(args, parse_modes(args.modes, MODES))
     return train(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,18 +2,20 @@
 
 SGD with momentum 0.9; the learning rate is ``base_lr x global_batch / 256`` and ramps linearly
 from ``1/size`` of that over the warm-up, the formula of
-:class:`hpcrep.tensorflow.keras.callbacks.LearningRateWarmupCallback`. The training step is split
-into :meth:`Classifier.compute` (forward + backward, compiled) and :meth:`Classifier.apply`
-(optimizer update, compiled) so that a synchroniser can run, and be timed, in between.
+:class:`hpcrep.tensorflow.keras.callbacks.LearningRateWarmupCallback`. The training step is one
+compiled function written with the public API: forward and backward under a
+``hvd.DistributedGradientTape``, whose ``gradient()`` averages across ranks, then the update.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
+
+import hpcrep.tensorflow as hvd
 
 
 def resnet50(image_size: int = 224, channels: int = 3, classes: int = 1000) -> keras.Model:
@@ -78,17 +80,21 @@ def scheduled_learning_rate(step: int, warmup_steps: int, total_steps: int, peak
 
 
 class Classifier:
-    """A Keras classifier with SGD + momentum and a step split into compute and apply."""
+    """A Keras classifier trained with SGD + momentum by one compiled data-parallel step.
+
+    ``distributed_tape`` wraps the recorded tape of each step (default
+    ``hvd.DistributedGradientTape``; the benchmark passes its variants, :mod:`bench.variants`).
+    """
 
     def __init__(self, model: keras.Model, learning_rate: float, momentum: float = 0.9,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0,
+                 distributed_tape: Optional[Callable[[tf.GradientTape], Any]] = None) -> None:
         self.model = model
         self.optimizer = keras.optimizers.SGD(learning_rate, momentum=momentum)
         self.optimizer.build(model.trainable_variables)
         self.weight_decay = weight_decay
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy()
-        self.compute = tf.function(self._compute)
-        self.apply = tf.function(self._apply)
+        self.train_step = self.compile_step(distributed_tape)
 
     @property
     def variables(self) -> list:
@@ -99,17 +105,27 @@ class Classifier:
         """Set the optimizer's learning rate (a variable: no retracing)."""
         self.optimizer.learning_rate.assign(value)
 
-    def _compute(self, images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, list]:
-        with tf.GradientTape() as tape:
-            probs = self.model(images, training=True)
-            loss = self.loss_fn(labels, probs)
-            if self.weight_decay:
-                loss += self.weight_decay * tf.add_n(
-                    [tf.nn.l2_loss(v) for v in self.model.trainable_variables if v.ndim > 1])
-        return loss, tape.gradient(loss, self.model.trainable_variables)
+    def compile_step(self, distributed_tape: Optional[Callable[[tf.GradientTape], Any]] = None
+                     ) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+        """Return the compiled training step ``(images, labels) -> loss`` with
+        ``distributed_tape`` (default ``hvd.DistributedGradientTape``) averaging the gradients.
 
-    def _apply(self, grads: list) -> None:
-        self.optimizer.apply(grads, self.model.trainable_variables)
+        Collective (the step): every rank must call it, in the same order.
+        """
+        wrap = distributed_tape or hvd.DistributedGradientTape
+
+        def step(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = self.loss_fn(labels, self.model(images, training=True))
+                if self.weight_decay:
+                    loss += self.weight_decay * tf.add_n(
+                        [tf.nn.l2_loss(v) for v in self.model.trainable_variables if v.ndim > 1])
+            tape = wrap(tape)
+            grads = tape.gradient(loss, self.model.trainable_variables)
+            self.optimizer.apply(grads, self.model.trainable_variables)
+            return loss
+
+        return tf.function(step)
 
     def accuracy(self, images, labels, batch: int = 500) -> float:
         """Top-1 accuracy of the model in inference mode on numpy ``images``/``labels``."""

@@ -1,30 +1,28 @@
-"""Class-conditional SN-GAN data-parallel training or benchmark with ``hpcrep.tensorflow``.
+"""Class-conditional SN-GAN data-parallel training or benchmark under ``hpcrep.replicator``.
 
-Run on N ranks:  ``mpirun -n N python jobs/sngan.py [options]``  (or ``srun``).
+Run on N ranks from the repository's top directory:
+``mpirun -n N python -m jobs.sngan [options]`` (or ``srun``).
 
-- Training (default): ``--dataset fashion-mnist`` (offline Debian package, resized to
-  ``--image-size``) or ``synthetic``; rank 0 writes losses and a class-separation figure (mean
-  absolute pixel difference between samples of different classes from the same noise) to
-  ``--result-json``; exits 1 if a loss is not finite.
-- Benchmark (``--bench-json PATH``): times generator updates (each after ``--n-dis``
-  discriminator updates) under each synchroniser in ``--modes``.
+- Training (default): ``--dataset fashion-mnist`` (offline Debian package through
+  :mod:`hpcrep.data`, resized to ``--image-size``) or ``synthetic``; rank 0 writes losses and a
+  class-separation figure (mean absolute pixel difference between samples of different classes
+  from the same noise) to ``--result-json``; exits 1 if a loss is not finite.
+- Benchmark (``--bench-json PATH``, what ``hpcrep bench`` runs): times generator updates (each
+  after ``--n-dis`` discriminator updates) with each variant in ``--modes`` underneath
+  (:mod:`bench.variants`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes, weights_agree,  # noqa: E402
-                       write_result)
-from bench.sync import MODES  # noqa: E402
+from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes,
+                       weights_agree, write_result)
+from bench.sync import MODES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,27 +46,31 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load(args: argparse.Namespace, rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's real images in [-1, 1] (n, size, size, channels) and int32 labels."""
     if args.dataset == "synthetic":
         rng = np.random.default_rng(rank)
         x = rng.uniform(-1, 1, (args.batch * 4, args.image_size, args.image_size, args.channels))
-        return x.astype(np.float32), rng.integers(0, 10, len(x))
+        return x.astype(np.float32), rng.integers(0, 10, len(x)).astype(np.int32)
     import tensorflow as tf  # noqa: PLC0415
 
-    from bench.models import fashion_mnist  # noqa: PLC0415
+    from hpcrep.data import fashion_mnist_split, shard_for  # noqa: PLC0415
 
-    x, y = fashion_mnist.load("train")
-    x, y = fashion_mnist.shard(x, y, rank, size, args.train_examples)
+    x, y = fashion_mnist_split("train", args.train_examples)
+    shard = shard_for(len(x), args.batch, rank, size)
+    x, y = x[shard.start:shard.stop], y[shard.start:shard.stop]
     x = tf.image.resize(x[..., None].astype(np.float32), (args.image_size,) * 2).numpy()
-    return x / 127.5 - 1.0, y
+    return x / 127.5 - 1.0, y.astype(np.int32)
 
 
-def batches(x: np.ndarray, y: np.ndarray, batch: int, seed: int):
+def input_fn(x: np.ndarray, y: np.ndarray, batch: int, seed: int):
+    """Return ``input_fn(ctx)``: this replica's (images, labels) batches, reshuffled every pass."""
     import tensorflow as tf  # noqa: PLC0415
 
-    rng = np.random.default_rng(seed)
-    while True:
-        idx = np.sort(rng.choice(len(x), batch, replace=False))
-        yield tf.constant(x[idx]), tf.constant(y[idx].astype(np.int32))
+    def make(ctx) -> tf.data.Dataset:
+        return (tf.data.Dataset.from_tensor_slices((x, y))
+                .shuffle(len(x), seed=seed + ctx.replica_id, reshuffle_each_iteration=True)
+                .batch(batch, drop_remainder=True).repeat())
+    return make
 
 
 def class_separation(gan, samples: int = 16) -> float:
@@ -82,29 +84,32 @@ def class_separation(gan, samples: int = 16) -> float:
     return float(np.mean(diffs))
 
 
-def build(args, x):
-    from bench.models.sngan import SNGAN  # noqa: PLC0415
+def build(args, rep, x, y, variant=None):
+    from jobs.sngan.model import SNGAN  # noqa: PLC0415
 
-    return SNGAN(args.image_size, x.shape[-1], 10, args.g_ch, args.d_ch, batch=args.batch,
-                 sync=args.sync != "nosync", n_dis=args.n_dis, lr=args.lr)
+    # hpcrep's own optimizer wrapping is the Replicator's (variant None or "hpcrep").
+    wrap = None if variant is None or variant.name == "hpcrep" else variant.DistributedOptimizer
+    sync = variant.sync_batch_norm if variant is not None else args.sync != "nosync"
+    return SNGAN(rep, input_fn(x, y, args.batch, args.seed), args.image_size, x.shape[-1], 10,
+                 args.g_ch, args.d_ch, batch=args.batch, sync=sync, n_dis=args.n_dis,
+                 lr=args.lr, wrap_optimizer=wrap)
 
 
 def train(args: argparse.Namespace) -> int:
     import keras  # noqa: PLC0415
 
-    import hpcrep.tensorflow as hvd  # noqa: PLC0415
-    from bench.sync import make_synchronizer  # noqa: PLC0415
+    from bench.variants import variant  # noqa: PLC0415
+    from hpcrep.replicator import Replicator  # noqa: PLC0415
 
-    rank, size = hvd.rank(), hvd.size()
+    rep = Replicator()
+    rank, size = rep.local_replica_ids[0], rep.num_replicas
     keras.utils.set_random_seed(args.seed + rank)  # Keras 3 initialisers ignore tf.random.set_seed
     x, y = load(args, rank, size)
-    gan = build(args, x)
-    hvd.broadcast_variables(gan.variables, root_rank=0)
+    gan = build(args, rep, x, y, variant(args.sync))
     separation_at_start = class_separation(gan)
-    sync, data = make_synchronizer(args.sync), batches(x, y, args.batch, rank)
     start, d_losses, g_losses = time.time(), [], []
     for it in range(args.iterations):
-        d_loss, g_loss = gan.train_step(data, sync)
+        d_loss, g_loss = gan.train_step()
         d_losses.append(d_loss)
         g_losses.append(g_loss)
         if rank == 0 and (it + 1) % max(1, args.iterations // 5) == 0:
@@ -124,22 +129,19 @@ def train(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace, modes: list[str]) -> int:
-    import hpcrep.tensorflow as hvd  # noqa: PLC0415
-    from bench.timing import Stopwatch  # noqa: PLC0415
+    from hpcrep.replicator import Replicator  # noqa: PLC0415
 
-    rank, size = hvd.rank(), hvd.size()
+    rep = Replicator()
+    rank, size = rep.local_replica_ids[0], rep.num_replicas
     x, y = load(args, rank, size)
-    watch, gans = Stopwatch(), {}
+    gans = {}
 
-    def factory(sync, mode):
-        args.sync = mode  # nosync also turns off the synchronised batch norm
-        gan = gans[mode] = build(args, x)
-        hvd.broadcast_variables(gan.variables, root_rank=0)
-        data = batches(x, y, args.batch, rank)
+    def factory(v):
+        gan = gans[v.name] = build(args, rep, x, y, v)  # the same model and steps, v underneath
 
         def step() -> float:
-            gan.train_step(data, sync, watch)
-            return watch.take()
+            gan.train_step()
+            return 0.0
         return step
 
     runs = run_modes(factory, modes, args.steps, args.warmup, args.batch * size * args.n_dis)
@@ -159,7 +161,3 @@ def main(argv=None) -> int:
     if args.bench_json:
         return bench(args, parse_modes(args.modes, MODES))
     return train(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

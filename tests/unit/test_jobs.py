@@ -1,4 +1,5 @@
-"""Unit checks of the reference models' numerical pieces (one process, no mpirun)."""
+"""Unit checks of the reference workloads' numerical pieces (jobs/) and of the benchmark variants
+swapped under their steps (bench/variants.py), in one process (no mpirun)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def world():
 
 
 def test_l2_projection_preserves_mass_and_mean_and_splits_between_neighbours():
-    from bench.models.d4pg import l2_project
+    from jobs.d4pg.learning import l2_project
 
     z_q = tf.linspace(0.0, 10.0, 11)
     z_p = tf.constant([[3.0, 4.5, 20.0], [-5.0, 7.25, 7.25]])
@@ -34,7 +35,7 @@ def test_l2_projection_preserves_mass_and_mean_and_splits_between_neighbours():
 
 
 def test_n_step_adder_discounts_and_flushes_at_episode_end():
-    from bench.models.d4pg import NStepAdder
+    from jobs.d4pg.acting import NStepAdder
 
     adder = NStepAdder(n=3, discount=0.5)
     out = []
@@ -50,7 +51,7 @@ def test_n_step_adder_discounts_and_flushes_at_episode_end():
 
 
 def test_spectral_norm_divides_by_the_largest_singular_value():
-    from bench.models.spectral_norm import SNConv2D, SNDense
+    from jobs.sngan.spectral_norm import SNConv2D, SNDense
 
     # Power iteration's error shrinks like (sigma2/sigma1)^(2k): with an unlucky random kernel
     # 30 steps missed 1e-3, so fix the seed and take 100.
@@ -83,38 +84,52 @@ def test_spectral_norm_divides_by_the_largest_singular_value():
 
 
 def test_conditional_batch_norm_uses_per_class_gain_and_bias():
-    from bench.models.sngan import ConditionalBatchNorm
+    from hpcrep.replicator import Replicator
+    from jobs.sngan.model import ConditionalBatchNorm
 
+    rep = Replicator()
     cbn = ConditionalBatchNorm(classes=3, sync=True)
     x = tf.random.normal((6, 4, 4, 2))
     labels = tf.constant([0, 1, 2, 0, 1, 2])
-    out = cbn(x, labels, training=True).numpy()
+    train = lambda: rep.local_results(rep.run(lambda: cbn(x, labels, training=True)))[0]  # noqa: E731
+    out = train().numpy()
     np.testing.assert_allclose(out.mean(axis=(0, 1, 2)), 0.0, atol=1e-5)
     cbn.gamma.assign(tf.constant([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]]))
     cbn.beta.assign(tf.constant([[0.0, 0.0], [0.0, 0.0], [5.0, 5.0]]))
-    out2 = cbn(x, labels, training=True).numpy()
+    out2 = train().numpy()
     np.testing.assert_allclose(out2[1], 2 * out[1], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out2[2], out[2] + 5.0, rtol=1e-5, atol=1e-5)
+    # Cross-replica statistics outside a replicated step would silently be local: refused.
+    from hpcrep.errors import ReplicaContextError
+    with pytest.raises(ReplicaContextError):
+        cbn(x, labels, training=True)
 
 
-def test_sngan_step_runs_and_hinge_losses():
-    from bench.models.sngan import SNGAN, d_hinge_loss, g_hinge_loss
-    from bench.sync import make_synchronizer
+@pytest.mark.parametrize("mode", ["hpcrep", "nosync", "mpi4py"])
+def test_sngan_replicated_steps_run_and_hinge_losses(mode):
+    from bench.variants import variant
+    from hpcrep.replicator import Replicator
+    from jobs.sngan.model import SNGAN, d_hinge_loss, g_hinge_loss
 
     assert float(d_hinge_loss(tf.constant([2.0, 0.0]), tf.constant([-2.0, 0.0]))) == 1.0
     assert float(g_hinge_loss(tf.constant([1.0, 3.0]))) == -2.0
-    gan = SNGAN(image_size=8, channels=1, classes=3, g_ch=8, d_ch=8, z_dim=4, batch=4, n_dis=2)
     images = tf.random.uniform((4, 8, 8, 1), -1, 1)
     labels = tf.constant([0, 1, 2, 0])
-    before = [v.numpy().copy() for v in gan.generator.trainable_variables]
-    d_loss, g_loss = gan.train_step(iter([(images, labels)] * 2), make_synchronizer("hpcrep"))
+    data = lambda ctx: tf.data.Dataset.from_tensors((images, labels)).repeat()  # noqa: E731
+    v = variant(mode)
+    gan = SNGAN(Replicator(), data, image_size=8, channels=1, classes=3, g_ch=8, d_ch=8,
+                z_dim=4, batch=4, n_dis=2, sync=v.sync_batch_norm,
+                wrap_optimizer=None if mode == "hpcrep" else v.DistributedOptimizer)
+    weights = gan.generator.trainable_variables
+    before = [w.numpy().copy() for w in weights]
+    d_loss, g_loss = gan.train_step()
     assert np.isfinite(d_loss) and np.isfinite(g_loss)
-    assert any(not np.allclose(b, v.numpy()) for b, v in zip(before, gan.generator.trainable_variables))
+    assert any(not np.allclose(b, w.numpy()) for b, w in zip(before, weights))
     assert int(gan.d_opt.iterations) == 2 and int(gan.g_opt.iterations) == 1
 
 
 def test_resnet_warmup_matches_the_keras_callback_formula():
-    from bench.models.resnet import scaled_learning_rate, warmup_learning_rate
+    from jobs.resnet.model import scaled_learning_rate, warmup_learning_rate
 
     peak = scaled_learning_rate(0.1, 512)
     assert peak == pytest.approx(0.2)
@@ -124,7 +139,7 @@ def test_resnet_warmup_matches_the_keras_callback_formula():
 
 
 def test_resnet_schedule_warms_up_then_decays_to_zero():
-    from bench.models.resnet import scheduled_learning_rate, warmup_learning_rate
+    from jobs.resnet.model import scheduled_learning_rate, warmup_learning_rate
 
     peak = 0.2
     assert scheduled_learning_rate(50, 100, 300, peak, 4) == warmup_learning_rate(50, 100, peak, 4)
@@ -149,3 +164,44 @@ def test_synchronizers_are_identity_on_one_rank_and_reject_unknown_modes():
             make_synchronizer(mode)([sparse])[0])), [[0, 0], [1, 1], [0, 0]])
     with pytest.raises(ValueError, match="unknown synchronisation mode"):
         make_synchronizer("nccl")
+
+
+def test_variants_put_their_tape_under_the_same_compiled_step():
+    """Each variant's tape gives, on one rank, the plain gradients inside a compiled step, with
+    None gradients and IndexedSlices handled; hpcrep's is the public class itself."""
+    import hpcrep.tensorflow as hvd
+    from bench.variants import variant
+
+    assert variant("hpcrep").DistributedGradientTape is hvd.DistributedGradientTape
+    assert variant("hpcrep").DistributedOptimizer is hvd.DistributedOptimizer
+    assert not variant("nosync").sync_batch_norm and variant("mpi4py").sync_batch_norm
+    w = tf.Variable([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    unused = tf.Variable(1.0)
+    for mode in ("hpcrep", "nosync", "mpi4py"):
+        wrap = variant(mode).DistributedGradientTape
+
+        @tf.function
+        def grads():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.gather(w, [1, 1])) * 2.0
+            return wrap(tape).gradient(loss, [w, unused])
+
+        g_w, g_unused = grads()
+        assert g_unused is None, mode
+        np.testing.assert_array_equal(tf.convert_to_tensor(g_w).numpy(),
+                                      [[0, 0], [4, 4], [0, 0]], err_msg=mode)
+    with pytest.raises(ValueError, match="unknown synchronisation mode"):
+        variant("nccl")
+
+
+def test_split_communication_is_the_time_above_the_step_without_it():
+    from bench.job import split_communication
+
+    runs = split_communication({"nosync": {"step_ms": 10.0}, "hpcrep": {"step_ms": 12.5},
+                                "mpi4py": {"step_ms": 9.0}})
+    assert runs["hpcrep"]["comm_ms"] == 2.5 and runs["hpcrep"]["compute_ms"] == 10.0
+    assert runs["hpcrep"]["comm_fraction"] == pytest.approx(0.2)
+    assert runs["mpi4py"]["comm_ms"] == 0.0 and runs["mpi4py"]["compute_ms"] == 9.0
+    assert runs["nosync"]["comm_ms"] == 0.0
+    alone = split_communication({"hpcrep": {"step_ms": 12.5}})
+    assert alone["hpcrep"]["comm_ms"] is None and alone["hpcrep"]["compute_ms"] is None

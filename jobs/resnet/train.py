@@ -1,13 +1,17 @@
 """ResNet-50 data-parallel training or benchmark with the explicit API (``hpcrep.tensorflow``).
 
-Run on N ranks:  ``mpirun -n N python jobs/resnet50.py [options]``  (or ``srun``).
+Run on N ranks from the repository's top directory:
+``mpirun -n N python -m jobs.resnet [options]`` (or ``srun``).
 
-- Training (default): synthetic images, or ``--dataset fashion-mnist`` (Debian package, offline)
-  with ``--arch small`` for the quick ResNet-style convergence check; prints the test accuracy and
-  exits 1 below ``--min-accuracy``.
-- Benchmark (``--bench-json PATH``): times steps under each synchroniser in ``--modes`` (hpcrep,
-  nosync, mpi4py), or ``--modes mwms`` alone for ``tf.distribute.MultiWorkerMirroredStrategy`` on
-  localhost (one worker per rank, ports from ``--port-base``).
+- Training (default): synthetic images, or ``--dataset fashion-mnist`` (Debian package, offline,
+  through :mod:`hpcrep.data`) with ``--arch small`` for the quick ResNet-style convergence check;
+  prints the test accuracy and exits 1 below ``--min-accuracy``. ``--sync`` swaps a benchmark
+  variant under the same step (default hpcrep's ``DistributedGradientTape``).
+- Benchmark (``--bench-json PATH``, what ``hpcrep bench`` runs): times the same training step
+  with each variant in ``--modes`` underneath (hpcrep, nosync, mpi4py, horovod;
+  :mod:`bench.variants`), or ``--modes mwms`` alone for
+  ``tf.distribute.MultiWorkerMirroredStrategy`` on localhost (one worker per rank, ports from
+  ``--port-base``).
 """
 
 from __future__ import annotations
@@ -15,16 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes, weights_agree,  # noqa: E402
-                       write_result)
-from bench.sync import MODES  # noqa: E402
+from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes,
+                       weights_agree, write_result)
+from bench.sync import MODES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,12 +50,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_data(args: argparse.Namespace, rank: int, size: int):
-    from bench.models import fashion_mnist  # noqa: PLC0415
+    from hpcrep.data import fashion_mnist_split, shard_for  # noqa: PLC0415
 
-    x, y = fashion_mnist.load("train")
-    x, y = fashion_mnist.shard(x, y, rank, size, args.train_examples)
-    xt, yt = fashion_mnist.load("test")
-    xt, yt = xt[:args.test_examples], yt[:args.test_examples]
+    x, y = fashion_mnist_split("train", args.train_examples)
+    shard = shard_for(len(x), args.batch, rank, size)
+    x, y = x[shard.start:shard.stop], y[shard.start:shard.stop]
+    xt, yt = fashion_mnist_split("test", args.test_examples)
     return prepare(x, args), y, prepare(xt, args), yt
 
 
@@ -65,24 +66,24 @@ def prepare(images: np.ndarray, args: argparse.Namespace) -> np.ndarray:
     return x
 
 
-def build(args: argparse.Namespace, size: int, classes: int):
-    from bench.models import resnet  # noqa: PLC0415
+def build(args: argparse.Namespace, size: int, classes: int, distributed_tape=None):
+    from jobs.resnet import model as resnet  # noqa: PLC0415
 
     if args.arch == "small":
-        model = resnet.small_resnet((28, 28, 1), classes)
+        net = resnet.small_resnet((28, 28, 1), classes)
     else:
         side = 32 if args.dataset == "fashion-mnist" else args.image_size
-        model = resnet.resnet50(side, 3, classes)
+        net = resnet.resnet50(side, 3, classes)
     peak = resnet.scaled_learning_rate(args.base_lr, args.batch * size)
-    return resnet.Classifier(model, peak), peak
+    return resnet.Classifier(net, peak, distributed_tape=distributed_tape), peak
 
 
 def train(args: argparse.Namespace) -> int:
     import keras  # noqa: PLC0415
 
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
-    from bench.models import resnet  # noqa: PLC0415
-    from bench.sync import make_synchronizer  # noqa: PLC0415
+    from bench.variants import variant  # noqa: PLC0415
+    from jobs.resnet import model as resnet  # noqa: PLC0415
 
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(args.seed + rank)  # Keras 3 initialisers ignore tf.random.set_seed
@@ -93,9 +94,8 @@ def train(args: argparse.Namespace) -> int:
         x = rng.random((args.batch * 8, args.image_size, args.image_size, 3), np.float32)
         y = rng.integers(0, 10, len(x))
         xt, yt = x[:args.batch], y[:args.batch]
-    clf, peak = build(args, size, 10)
+    clf, peak = build(args, size, 10, variant(args.sync).DistributedGradientTape)
     hvd.broadcast_variables(clf.variables, root_rank=0)
-    sync = make_synchronizer(args.sync)
     steps_per_epoch = len(x) // args.batch
     warmup_steps = int(args.warmup_epochs * steps_per_epoch)
     start, step, losses = time.time(), 0, []
@@ -105,9 +105,7 @@ def train(args: argparse.Namespace) -> int:
             idx = np.sort(order[i * args.batch:(i + 1) * args.batch])
             clf.set_learning_rate(resnet.scheduled_learning_rate(
                 step, warmup_steps, args.epochs * steps_per_epoch, peak, size))
-            loss, grads = clf.compute(x[idx], y[idx])
-            clf.apply(sync(grads))
-            losses.append(float(loss))
+            losses.append(float(clf.train_step(x[idx], y[idx])))
             step += 1
         if rank == 0:
             print(f"epoch {epoch + 1}: loss {np.mean(losses[-steps_per_epoch:]):.4f}", flush=True)
@@ -126,7 +124,6 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
     import tensorflow as tf  # noqa: PLC0415
 
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
-    from bench.timing import Stopwatch  # noqa: PLC0415
 
     rank, size = hvd.rank(), hvd.size()
     clf, _ = build(args, size, 1000)
@@ -134,15 +131,13 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
     rng = np.random.default_rng(rank)
     images = tf.constant(rng.random((args.batch, args.image_size, args.image_size, 3), np.float32))
     labels = tf.constant(rng.integers(0, 1000, args.batch))
-    watch = Stopwatch()
 
-    def factory(sync, mode):
+    def factory(v):
+        train_step = clf.compile_step(v.DistributedGradientTape)  # the same step, v underneath
+
         def step() -> float:
-            _, grads = clf.compute(images, labels)
-            with watch:
-                grads = sync(grads)
-            clf.apply(grads)
-            return watch.take()
+            train_step(images, labels).numpy()
+            return 0.0
         return step
 
     runs = run_modes(factory, modes, args.steps, args.warmup, args.batch * size)
@@ -164,8 +159,8 @@ def bench_mwms(args: argparse.Namespace) -> int:
 
     from hpcrep.tensorflow.basics import configure_threads  # noqa: PLC0415
     import hpcrep.comm  # noqa: PLC0415
-    from bench.models import resnet  # noqa: PLC0415
     from bench.timing import time_steps  # noqa: PLC0415
+    from jobs.resnet import model as resnet  # noqa: PLC0415
 
     hpcrep.comm.init()
     configure_threads()
@@ -214,7 +209,3 @@ def main(argv=None) -> int:
 
     hvd.init()
     return bench(args, modes) if args.bench_json else train(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

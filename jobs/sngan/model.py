@@ -1,12 +1,15 @@
 """Class-conditional SN-GAN: Miyato & Koyama (2018), *cGANs with Projection Discriminator*.
 
 - Generator: ResNet blocks (BN-ReLU-up-conv-BN-ReLU-conv, shortcut up-conv1x1) whose batch norms
-  are *conditional* (per-class gain and bias) and synchronised across ranks: with ``sync=True`` and
-  more than one rank the batch moments come from
-  :func:`hpcrep.tensorflow.sync_batch_norm.global_moments` (the global batch of all ranks).
+  are *conditional* (per-class gain and bias) over statistics of every replica's batch: with
+  ``sync=True`` the normalisation is :class:`hpcrep.replicator.CrossReplicaBatchNormalization`
+  (one fused allreduce of count, sum and sum of squares per layer).
 - Discriminator: ResNet blocks with spectrally normalised convolutions, global sum pooling, a
   linear output plus the projection term ``<embed(y), h>``.
 - Hinge loss; Adam(2e-4, beta1=0, beta2=0.9); ``n_dis`` discriminator updates per generator update.
+- Distributed as TF-Replicator does it: variables created in ``Replicator.scope()``, optimizers
+  from ``Replicator.wrap_optimizer`` (gradients averaged over the replicas in ``apply``), each
+  update one ``Replicator.run`` of a single-replica step inside ``tf.function``.
 
 Widths are parameters: the paper's 32x32 model is G 256 / D 128 channels; ``ch=32..64`` is the
 CPU-sized variant.
@@ -15,56 +18,40 @@ CPU-sized variant.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import keras
 import tensorflow as tf
 
-from bench.models.spectral_norm import SNConv2D, SNDense, SNEmbedding
-
-
-@tf.autograph.experimental.do_not_convert
-def _moments(x: tf.Tensor, sync: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    from hpcrep import comm  # noqa: PLC0415
-
-    if sync and comm.size() > 1:
-        from hpcrep.tensorflow.sync_batch_norm import global_moments  # noqa: PLC0415
-
-        return global_moments(x, [0, 1, 2])
-    return tf.nn.moments(x, [0, 1, 2])
+from hpcrep.replicator import CrossReplicaBatchNormalization, Replicator
+from jobs.sngan.spectral_norm import SNConv2D, SNDense, SNEmbedding
 
 
 class ConditionalBatchNorm(keras.layers.Layer):
     """Batch norm whose gain and bias are looked up per class; ``classes=0`` is unconditional.
 
-    Collective when ``sync`` and several ranks (training): every rank must call it in the same
-    order.
+    The normalisation (batch moments, moving statistics) is
+    :class:`~hpcrep.replicator.CrossReplicaBatchNormalization` with ``sync`` (statistics of every
+    replica's batch; in training it must run inside ``Replicator.run``, and is collective there),
+    else Keras's own (this replica's batch only).
     """
 
     def __init__(self, classes: int = 0, sync: bool = True, momentum: float = 0.9,
                  epsilon: float = 1e-5, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.classes, self.sync, self.momentum, self.epsilon = classes, sync, momentum, epsilon
+        self.classes, self.sync = classes, sync
+        norm = CrossReplicaBatchNormalization if sync else keras.layers.BatchNormalization
+        self.norm = norm(momentum=momentum, epsilon=epsilon, center=False, scale=False)
 
     def build(self, input_shape: Any) -> None:
         c, rows = input_shape[-1], max(self.classes, 1)
         self.gamma = self.add_weight(name="gamma", shape=(rows, c), initializer="ones")
         self.beta = self.add_weight(name="beta", shape=(rows, c), initializer="zeros")
-        self.moving_mean = self.add_weight(name="moving_mean", shape=(c,), initializer="zeros",
-                                           trainable=False)
-        self.moving_var = self.add_weight(name="moving_var", shape=(c,), initializer="ones",
-                                          trainable=False)
+        self.norm.build(input_shape)
 
     def call(self, x: tf.Tensor, labels: Optional[tf.Tensor] = None,
              training: bool = False) -> tf.Tensor:
-        if training:
-            mean, var = _moments(x, self.sync)
-            m = self.momentum
-            self.moving_mean.assign(m * self.moving_mean + (1 - m) * mean)
-            self.moving_var.assign(m * self.moving_var + (1 - m) * var)
-        else:
-            mean, var = tf.convert_to_tensor(self.moving_mean), tf.convert_to_tensor(self.moving_var)
-        x_hat = (x - mean) * tf.math.rsqrt(var + self.epsilon)
+        x_hat = self.norm(x, training=training)
         if self.classes:
             gamma = tf.gather(self.gamma, labels)[:, None, None, :]
             beta = tf.gather(self.beta, labels)[:, None, None, :]
@@ -172,35 +159,52 @@ def g_hinge_loss(fake_logits: tf.Tensor) -> tf.Tensor:
 
 
 class SNGAN:
-    """Generator, discriminator, their Adam optimizers and steps split into compute and apply."""
+    """Generator, discriminator, their Adam optimizers and the replicated updates.
 
-    def __init__(self, image_size: int = 32, channels: int = 3, classes: int = 10,
-                 g_ch: int = 64, d_ch: int = 64, z_dim: int = 128, batch: int = 64,
-                 sync: bool = True, n_dis: int = 5, lr: float = 2e-4, beta_1: float = 0.0,
-                 beta_2: float = 0.9) -> None:
+    Args:
+        replicator: runs every update (one replica per rank).
+        data: ``input_fn`` of the real images: ``ctx -> tf.data.Dataset`` of (images, labels)
+            batches of ``batch`` for replica ``ctx.replica_id``, repeated.
+        sync: batch-norm statistics across replicas (``False``: each replica's own).
+        wrap_optimizer: turns each Adam into one that averages gradients over the replicas;
+            default ``replicator.wrap_optimizer`` (the benchmark passes its variants,
+            :mod:`bench.variants`).
+
+    Creating it is collective (``Replicator.scope``): every rank must, in the same order.
+    """
+
+    def __init__(self, replicator: Replicator, data: Callable[[Any], tf.data.Dataset],
+                 image_size: int = 32, channels: int = 3, classes: int = 10, g_ch: int = 64,
+                 d_ch: int = 64, z_dim: int = 128, batch: int = 64, sync: bool = True,
+                 n_dis: int = 5, lr: float = 2e-4, beta_1: float = 0.0, beta_2: float = 0.9,
+                 wrap_optimizer: Optional[Callable[[Any], Any]] = None) -> None:
         if n_dis < 1:
             raise ValueError(f"n_dis must be >= 1, got {n_dis}")
         self.classes, self.z_dim, self.batch, self.n_dis = classes, z_dim, batch, n_dis
-        self.generator = Generator(image_size, channels, classes, g_ch, z_dim, sync)
-        self.discriminator = Discriminator(classes, d_ch)
-        z, y = tf.zeros((2, z_dim)), tf.zeros((2,), tf.int32)
-        self.discriminator(self.generator(z, y), y)  # build the variables
-        self.g_opt = keras.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2)
-        self.d_opt = keras.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2)
-        self.g_opt.build(self.generator.trainable_variables)
-        self.d_opt.build(self.discriminator.trainable_variables)
-        self.compute_d = tf.function(self._compute_d, autograph=False)
-        self.compute_g = tf.function(self._compute_g, autograph=False)
-        self.apply_d = tf.function(autograph=False, func=lambda grads: self.d_opt.apply(
-            grads, self.discriminator.trainable_variables))
-        self.apply_g = tf.function(autograph=False, func=lambda grads: self.g_opt.apply(
-            grads, self.generator.trainable_variables))
+        self.replicator = replicator
+        wrap = wrap_optimizer or replicator.wrap_optimizer
+        with replicator.scope():  # every replica starts from replica 0's variables
+            self.generator = Generator(image_size, channels, classes, g_ch, z_dim, sync)
+            self.discriminator = Discriminator(classes, d_ch)
+            z, y = tf.zeros((2, z_dim)), tf.zeros((2,), tf.int32)
+            self.discriminator(self.generator(z, y), y)  # build the variables
+            self.g_opt = wrap(keras.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2))
+            self.d_opt = wrap(keras.optimizers.Adam(lr, beta_1=beta_1, beta_2=beta_2))
+            self.g_opt.build(self.generator.trainable_variables)
+            self.d_opt.build(self.discriminator.trainable_variables)
+
+        def input_fn(ctx: Any) -> tf.data.Dataset:  # its own function: its own iterator
+            return data(ctx)
+
+        run = replicator.run
+        self.update_d = tf.function(autograph=False, func=lambda: run(self._d_step, input_fn))
+        self.update_g = tf.function(autograph=False, func=lambda: run(self._g_step))
         self.sample = tf.function(lambda z, y: self.generator(z, y, training=False),
                                   autograph=False)
 
     @property
     def variables(self) -> list:
-        """Every variable ranks must agree on at the start (weights, u vectors, optimizer state)."""
+        """Every variable (weights, u vectors, batch-norm statistics, optimizer state)."""
         return (list(self.generator.variables) + list(self.discriminator.variables)
                 + list(self.g_opt.variables) + list(self.d_opt.variables))
 
@@ -209,39 +213,35 @@ class SNGAN:
         y = tf.random.uniform((self.batch,), 0, self.classes, tf.int32)
         return self.generator(z, y, training=True), y
 
-    def _compute_d(self, images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, list]:
+    def _d_step(self, batch: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        """One replica's discriminator update on its real ``batch``; returns its loss."""
+        images, labels = batch
         fake, fake_y = self._fake()
         with tf.GradientTape() as tape:
             loss = d_hinge_loss(self.discriminator(images, labels, training=True),
                                 self.discriminator(tf.stop_gradient(fake), fake_y, training=True))
-        return loss, tape.gradient(loss, self.discriminator.trainable_variables)
+        variables = self.discriminator.trainable_variables
+        self.d_opt.apply(tape.gradient(loss, variables), variables)
+        return loss
 
-    def _compute_g(self) -> tuple[tf.Tensor, list]:
+    def _g_step(self) -> tf.Tensor:
+        """One replica's generator update; returns its loss."""
         with tf.GradientTape() as tape:
             fake, fake_y = self._fake()
             loss = g_hinge_loss(self.discriminator(fake, fake_y, training=False))
-        return loss, tape.gradient(loss, self.generator.trainable_variables)
+        variables = self.generator.trainable_variables
+        self.g_opt.apply(tape.gradient(loss, variables), variables)
+        return loss
 
-    def train_step(self, batches: Any, sync: Any, watch: Any = None) -> tuple[float, float]:
-        """One generator update after ``n_dis`` discriminator updates; returns (d_loss, g_loss).
+    def train_step(self) -> tuple[float, float]:
+        """One generator update after ``n_dis`` discriminator updates; returns this replica's
+        (d_loss, g_loss).
 
-        ``batches`` yields (images, labels); ``sync`` averages gradient lists across ranks (timed
-        by ``watch``, a :class:`bench.timing.Stopwatch`, if given).
-
-        Collective (when ``sync`` communicates or batch norm is synchronised): every rank must
-        call this, in the same order.
+        Collective: every rank must call this, in the same order.
         """
-        import contextlib  # noqa: PLC0415
-
-        timer = watch if watch is not None else contextlib.nullcontext()
         for _ in range(self.n_dis):
-            images, labels = next(batches)
-            d_loss, grads = self.compute_d(images, labels)
-            with timer:
-                grads = sync(grads)
-            self.apply_d(grads)
-        g_loss, grads = self.compute_g()
-        with timer:
-            grads = sync(grads)
-        self.apply_g(grads)
+            d_loss = self.update_d()
+        g_loss = self.update_g()
+        (d_loss,), (g_loss,) = (self.replicator.local_results(d_loss),
+                                self.replicator.local_results(g_loss))
         return float(d_loss), float(g_loss)

@@ -1,0 +1,128 @@
+"""The public API the jobs' training steps are written against, with each benchmark variant
+swapped in underneath.
+
+A job's step is written once, with hpcrep's public API: ``hvd.DistributedGradientTape(tape)``
+(ResNet-50, D4PG's learner) or an optimizer wrapped by ``Replicator.wrap_optimizer`` (SN-GAN).
+The job takes the tape or optimizer wrapper as a parameter (by default hpcrep's), and
+:func:`variant` gives the same two names for each benchmarked mode:
+
+- ``hpcrep``: ``hpcrep.tensorflow.DistributedGradientTape`` and ``DistributedOptimizer``
+  themselves, what users run;
+- ``nosync``: the plain tape and optimizer, and local batch-norm statistics (the upper bound);
+- ``mpi4py``: the raw baseline of :mod:`bench.sync` (one hand-written in-place
+  ``MPI_Allreduce`` of a flat numpy buffer), called from inside the compiled step through one
+  ``tf.numpy_function``, its results consumed by the same graph;
+- ``horovod``: ``horovod.tensorflow.DistributedGradientTape`` (its Keras optimizer needs
+  ``tf_keras``, so optimizers average through :mod:`bench.sync`'s horovod synchroniser).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import keras
+import tensorflow as tf
+
+from bench.sync import MODES, average_arrays, make_synchronizer
+
+Average = Callable[[list], list]
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """What a benchmark mode puts under a job's step.
+
+    Attributes:
+        name: the mode (one of :data:`bench.sync.MODES`).
+        DistributedGradientTape: ``tape -> tape`` whose ``gradient()`` averages across ranks.
+        DistributedOptimizer: ``optimizer -> optimizer`` whose ``apply`` averages first.
+        sync_batch_norm: whether batch-norm statistics span the ranks.
+    """
+
+    name: str
+    DistributedGradientTape: Callable[[tf.GradientTape], Any]  # noqa: N815 - Horovod's name
+    DistributedOptimizer: Callable[[keras.optimizers.Optimizer], Any]  # noqa: N815
+    sync_batch_norm: bool = True
+
+
+def variant(mode: str) -> Variant:
+    """Return the tape and optimizer wrappers of ``mode``.
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`bench.sync.MODES`.
+    """
+    if mode == "hpcrep":
+        import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+        return Variant(mode, hvd.DistributedGradientTape, hvd.DistributedOptimizer)
+    if mode == "nosync":
+        return Variant(mode, lambda tape: tape, lambda optimizer: optimizer, False)
+    if mode == "mpi4py":
+        return Variant(mode, lambda tape: AveragingTape(tape, raw_mpi_average),
+                       lambda optimizer: averaging_optimizer(optimizer, raw_mpi_average))
+    if mode == "horovod":
+        import horovod.tensorflow as horovod  # noqa: PLC0415
+
+        horovod.init()
+        average = make_synchronizer("horovod")
+        return Variant(mode, horovod.DistributedGradientTape,
+                       lambda optimizer: averaging_optimizer(optimizer, average))
+    raise ValueError(f"unknown synchronisation mode {mode!r}; expected one of {', '.join(MODES)}")
+
+
+def raw_mpi_average(grads: Sequence[Any]) -> list:
+    """Average ``grads`` across ranks with :func:`bench.sync.average_arrays`, inside the graph.
+
+    ``tf.IndexedSlices`` are densified first, as a hand-written baseline would.
+
+    Collective: every rank must call this, in the same order, with matching gradients.
+    """
+    dense = [tf.convert_to_tensor(g) for g in grads]
+    if not dense:
+        return []
+    out = tf.numpy_function(lambda *arrays: average_arrays(arrays), dense,
+                            [tf.float32] * len(dense), stateful=True, name="raw_mpi_average")
+    for o, g in zip(out, dense):
+        o.set_shape(g.shape)
+    return [tf.cast(o, g.dtype) for o, g in zip(out, dense)]
+
+
+class AveragingTape:
+    """A recorded ``tf.GradientTape`` whose ``gradient()`` passes the gradients through
+    ``average`` (``None`` gradients stay ``None``)."""
+
+    def __init__(self, tape: tf.GradientTape, average: Average) -> None:
+        self._tape, self._average = tape, average
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        """Return the gradients of ``target`` with respect to ``sources``, averaged.
+
+        Collective when ``average`` communicates: every rank must call this, in the same order.
+        """
+        grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
+        return tf.nest.pack_sequence_as(grads, _average_present(
+            tf.nest.flatten(grads, expand_composites=False), self._average))
+
+
+def averaging_optimizer(optimizer: keras.optimizers.Optimizer,
+                        average: Average) -> keras.optimizers.Optimizer:
+    """Make ``optimizer`` pass its gradients through ``average`` in ``apply`` (Keras 3's one
+    funnel where gradients meet variables); returns the same object."""
+    base = type(optimizer)
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        return base.apply(self, _average_present(list(grads), average), trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__})
+    object.__setattr__(optimizer, "__class__", cls)
+    return optimizer
+
+
+def _average_present(grads: list, average: Average) -> list:
+    present = [i for i, g in enumerate(grads) if g is not None]
+    out = list(grads)
+    for i, g in zip(present, average([grads[i] for i in present])):
+        out[i] = g
+    return out
