@@ -176,16 +176,3 @@ def _set_distributed_state(opt: Any, reducer: GradientReducer, passes: int,
     opt._hpcrep_passes = passes
     opt._hpcrep_average_passes = average_passes
     opt._hpcrep_acc = None
-
-
-def distribute_in_place(optimizer: keras.optimizers.Optimizer,
-                        reducer: Optional[GradientReducer] = None) -> type:
-    """Make ``optimizer`` itself average its gradients (transparent mode); return its old class.
-
-    Unlike :func:`DistributedOptimizer` this keeps the object (and its variables): its class is
-    swapped for the distributed subclass. Undo with ``object.__setattr__(opt, "__class__", old)``.
-    """
-    old = type(optimizer)
-    object.__setattr__(optimizer, "__class__", _distributed_class(old))
-    _set_distributed_state(optimizer, reducer or GradientReducer(), 1, False)
-    return old
