@@ -82,6 +82,63 @@ def _interleaved_medians(comm: Any, variants: dict[str, Callable[[], Any]], reps
     return {name: float(np.median(times[k]) * 1e3) for k, name in enumerate(variants)}
 
 
+def _with_env(name: str, value: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Return ``fn`` called with environment setting ``name=value`` (read when it traces)."""
+    def call(*args: Any) -> Any:
+        before = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn(*args)
+        finally:
+            if before is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = before
+    return call
+
+
+def small_collectives(comm: Any, reps: int) -> dict[str, float]:
+    """Time what small collectives cost inside ``tf.function`` on both allreduce paths, with the
+    calls they are judged against, in one interleaved run (ms, medians of the slowest rank):
+
+    - ``trivial_fn``: a ``tf.function`` adding 1 to a 1 KB tensor; ``raw_1kb``: one mpi4py
+      in-place ``Allreduce`` of 1 KB; ``allreduce_1kb``: ``hvd.allreduce`` of 1 KB in a
+      ``tf.function`` (the target: at most trivial_fn + raw_1kb, times 1.25);
+    - ``separate_53``: 53 separate 1 KB ``hvd.allreduce`` calls in one ``tf.function`` (the
+      shape of per-layer batch-norm statistics); ``grouped_53``: one ``grouped_allreduce`` of them.
+
+    Names ending in ``_python`` ran with ``HPCREP_NATIVE=off``. Collective.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    x = tf.fill([256], float(comm.Get_rank()))
+    xs = [tf.fill([256], float(comm.Get_rank() + i)) for i in range(53)]
+    buf = np.ones(256, np.float32)
+    trivial = tf.function(lambda a: a + 1.0)
+    variants: dict[str, Callable[[], Any]] = {
+        "trivial_fn": lambda: trivial(x).numpy(),
+        "raw_1kb": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+    }
+    for suffix, mode in (("", "auto"), ("_python", "off")):
+        one = _with_env("HPCREP_NATIVE", mode, tf.function(lambda a: hvd.allreduce(a, op=hvd.Sum)))
+        sep = _with_env("HPCREP_NATIVE", mode, tf.function(lambda *a: tf.add_n(
+            [hvd.allreduce(t, op=hvd.Sum, name=f"s{i}")[0] for i, t in enumerate(a)])))
+        grp = _with_env("HPCREP_NATIVE", mode, tf.function(lambda *a: tf.add_n(
+            [t[0] for t in hvd.grouped_allreduce(list(a), op=hvd.Sum)])))
+        variants[f"allreduce_1kb{suffix}"] = lambda one=one: one(x).numpy()
+        variants[f"separate_53{suffix}"] = lambda sep=sep: sep(*xs).numpy()
+        variants[f"grouped_53{suffix}"] = lambda grp=grp: grp(*xs).numpy()
+    out = _interleaved_medians(comm, variants, reps)
+    for suffix in ("", "_python"):
+        out[f"ratio_1kb{suffix}"] = out[f"allreduce_1kb{suffix}"] / (out["trivial_fn"]
+                                                                   + out["raw_1kb"])
+        out[f"ratio_53{suffix}"] = out[f"separate_53{suffix}"] / out[f"grouped_53{suffix}"]
+    return out
+
+
 def _hierarchical(on: bool, fn: Callable[[], Any]) -> Any:
     """Call ``fn`` with the hierarchical allreduce on or off (every rank alike)."""
     before = os.environ.get("HPCREP_HIERARCHICAL_ALLREDUCE")
@@ -116,12 +173,20 @@ def worker(quick: bool, resnet_only: bool = False) -> dict:
         out = np.empty_like(flat)
         tensors = [tf.constant(a) for a in arrays]
         graph = tf.function(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Sum))
+        # Consumed inside the graph, as a training step would (one element of each result is
+        # read, so every result must exist; only a scalar leaves the function).
+        consumed = tf.function(lambda ts: tf.add_n(
+            [tf.reshape(t, [-1])[0] for t in hvd.grouped_allreduce(ts, op=hvd.Sum)]))
+        python_consumed = _with_env("HPCREP_NATIVE", "off", tf.function(lambda ts: tf.add_n(
+            [tf.reshape(t, [-1])[0] for t in hvd.grouped_allreduce(ts, op=hvd.Sum)])))
         row: dict[str, Any] = {"bytes": int(total), "tensors": len(arrays), "reps": reps}
         variants = {
             "raw_ms": lambda: comm.Allreduce(flat, out),
             "raw_inplace_ms": lambda: comm.Allreduce(MPI.IN_PLACE, out),
             "hpcrep_numpy_ms": lambda: hvd_comm.grouped_allreduce(arrays, hvd_comm.Sum),
             "hpcrep_tf_ms": lambda: graph(tensors),
+            "hpcrep_tf_consumed_ms": lambda: consumed(tensors).numpy(),
+            "hpcrep_tf_python_consumed_ms": lambda: python_consumed(tensors).numpy(),
         }
         if hierarchical_applies:
             variants["hpcrep_tf_flat_ms"] = lambda: _hierarchical(False, lambda: graph(tensors))
@@ -141,6 +206,7 @@ def worker(quick: bool, resnet_only: bool = False) -> dict:
                                         _reps_for(nbytes, quick)))
     tiny = [np.ones(256, np.float32)]  # 1 KB
     results["latency_1kb"] = measure(tiny, 50 if quick else 200)
+    results["small"] = small_collectives(comm, 100 if quick else 300)
 
     import keras  # noqa: PLC0415
 
@@ -152,6 +218,10 @@ def worker(quick: bool, resnet_only: bool = False) -> dict:
     resnet = measure(grads, 5 if quick else 15)
     resnet["ratio_vs_raw_inplace"] = resnet["hpcrep_tf_ms"] / resnet["raw_inplace_ms"]
     resnet["ratio_vs_raw"] = resnet["hpcrep_tf_ms"] / resnet["raw_ms"]
+    resnet["ratio_consumed_vs_raw_inplace"] = (resnet["hpcrep_tf_consumed_ms"]
+                                               / resnet["raw_inplace_ms"])
+    resnet["ratio_python_consumed_vs_raw_inplace"] = (resnet["hpcrep_tf_python_consumed_ms"]
+                                                      / resnet["raw_inplace_ms"])
     results["resnet50"] = resnet
     return results if comm.Get_rank() == 0 else {}
 
@@ -233,8 +303,26 @@ def render_markdown(report: dict) -> str:
         lines += ["", f"ResNet-50 gradient set ({r50['tensors']} tensors, "
                   f"{r50['bytes'] / 1e6:.1f} MB): hpcrep grouped_allreduce in tf.function takes "
                   f"{r50['ratio_vs_raw_inplace']:.2f}x one raw in-place Allreduce of the same "
-                  f"bytes ({r50['ratio_vs_raw']:.2f}x the out-of-place one). 1 KB allreduce in "
+                  f"bytes ({r50['ratio_vs_raw']:.2f}x the out-of-place one); with the results "
+                  "consumed inside the graph "
+                  f"{r50.get('ratio_consumed_vs_raw_inplace', float('nan')):.2f}x on the "
+                  "active path, "
+                  f"{r50.get('ratio_python_consumed_vs_raw_inplace', float('nan')):.2f}x on the "
+                  "Python path. 1 KB allreduce in "
                   f"tf.function: {run_['latency_1kb']['hpcrep_tf_ms']:.3f} ms.", ""]
+        small = run_.get("small")
+        if small:
+            lines += ["| small collectives (ms) | compiled path | Python path |",
+                      "|---|---:|---:|",
+                      f"| trivial tf.function call | {small['trivial_fn']:.3f} | |",
+                      f"| raw 1 KB MPI_Allreduce | {small['raw_1kb']:.4f} | |"]
+            for key, label in (("allreduce_1kb", "1 KB allreduce in tf.function"),
+                               ("ratio_1kb", "... / (trivial call + raw 1 KB)"),
+                               ("separate_53", "53 separate 1 KB allreduces"),
+                               ("grouped_53", "one grouped_allreduce of them"),
+                               ("ratio_53", "separate / grouped")):
+                lines.append(f"| {label} | {small[key]:.3f} | {small[key + '_python']:.3f} |")
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -313,8 +313,10 @@ class Engine {
         control[3 + 2 * i] = v;
         control[4 + 2 * i] = -v;
       }
-      int rc = MPI_Allreduce(MPI_IN_PLACE, control.data(), static_cast<int>(control.size()),
-                             MPI_INT64_T, MPI_MAX, comm_);
+      MPI_Request request;
+      int rc = MPI_Iallreduce(MPI_IN_PLACE, control.data(), static_cast<int>(control.size()),
+                              MPI_INT64_T, MPI_MAX, comm_, &request);
+      if (rc == MPI_SUCCESS) rc = Await(&request);
       if (rc != MPI_SUCCESS) {
         FailAll(pending, n, tensorflow::errors::Internal("hpcrep: MPI_Allreduce failed (", rc, ")"));
         continue;
@@ -513,10 +515,33 @@ class Engine {
     char* p = static_cast<char*>(data);
     for (int64_t done = 0; done < count; done += kPiece) {
       int n = static_cast<int>(std::min(kPiece, count - done));
+      // Blocking: the same algorithm (and so the same bits) as the Python path's mpi4py call,
+      // and faster than MPI_Iallreduce for large buffers here (ResNet-50's gradients across the
+      // test cluster's 2 Gb/s link: 1218 against 1352 ms per step).
       int rc = MPI_Allreduce(MPI_IN_PLACE, p + done * info.itemsize, n, info.mpi, op, comm_);
       if (rc != MPI_SUCCESS) return rc;
     }
     return MPI_SUCCESS;
+  }
+
+  // Wait for the cycle's agreement without burning a core while other ranks are still
+  // computing: poll (which also drives MPI's progress) a few times, then sleep between polls,
+  // longer the longer it takes (at most 200 us). A blocking MPI call spins at full speed for as
+  // long as it waits, taking the core from the backward pass it is meant to overlap with, and
+  // from other ranks on an oversubscribed node.
+  static int Await(MPI_Request* request) {
+    auto start = std::chrono::steady_clock::now();
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      int rc = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || done) return rc;
+      if (polls < 64) continue;
+      auto waited = std::chrono::steady_clock::now() - start;
+      auto pause = std::min<std::chrono::steady_clock::duration>(
+          waited / 16, std::chrono::microseconds(200));
+      std::this_thread::sleep_for(std::max<std::chrono::steady_clock::duration>(
+          pause, std::chrono::microseconds(5)));
+    }
   }
 
   // After the sum: integer Average is a floor division; then the post-scale.
