@@ -22,11 +22,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes, weights_agree,  # noqa: E402
-                       write_result)
-from bench.sync import MODES  # noqa: E402
+from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes,
+                       weights_agree, write_result)
+from bench.sync import MODES
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -12,7 +12,7 @@ DIRECTORY = "/usr/share/datasets/fashion-mnist"
 
 
 def load(split: str = "train", rows: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Return the first ``rows`` (0: all) images as float32 in [0, 1], shape (n, 784), and labels."""
+    """Return the first ``rows`` (0: all) images, float32 in [0, 1], shape (n, 784), and labels."""
     prefix = {"train": "train", "test": "t10k"}[split]
     images_path = os.path.join(DIRECTORY, f"{prefix}-images-idx3-ubyte.gz")
     labels_path = os.path.join(DIRECTORY, f"{prefix}-labels-idx1-ubyte.gz")

@@ -1,6 +1,7 @@
 """Plain Keras: ``model.fit`` on numpy arrays with callbacks that write files. No hpcrep code.
 
-Writes ``OUT/best.keras`` (ModelCheckpoint), ``OUT/log.csv`` (CSVLogger) and ``OUT/final.weights.h5``.
+Writes ``OUT/best.keras`` (ModelCheckpoint), ``OUT/log.csv`` (CSVLogger) and
+``OUT/final.weights.h5``.
 
     python jobs/transparent_fit_numpy.py --out outputs
     hpcrep run -n 4 jobs/transparent_fit_numpy.py --out outputs

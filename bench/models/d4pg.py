@@ -122,8 +122,8 @@ class Replay:
 class D4PG:
     """Networks, optimizers and a learner step split into compute, (synchronise) and apply."""
 
-    def __init__(self, obs_dim: int, act_dim: int, config: D4PGConfig = D4PGConfig()) -> None:
-        c = self.config = config
+    def __init__(self, obs_dim: int, act_dim: int, config: Optional[D4PGConfig] = None) -> None:
+        c = self.config = config if config is not None else D4PGConfig()
         self.support = tf.linspace(c.v_min, c.v_max, c.atoms)
         self.actor = _mlp(c.hidden, act_dim, "tanh")
         self.critic = _mlp(c.hidden, c.atoms)

@@ -44,7 +44,8 @@ def flavor(mpirun: str) -> tuple[str, int]:
         return ("unknown", 0)
     for line in text.splitlines():
         low = line.lower()
-        name = "openmpi" if "open mpi" in low else "mpich" if ("hydra" in low or "mpich" in low) else ""
+        name = ("openmpi" if "open mpi" in low
+                else "mpich" if ("hydra" in low or "mpich" in low) else "")
         if not name:
             continue
         for token in line.replace("(", " ").replace(")", " ").split():

@@ -72,7 +72,8 @@ def test_signal_checkpoint_requeue_resume(slurm_env, tmp_path):
     # What Slurm does at --signal=USR1@N, sent now: SIGUSR1 to every rank of the job's steps.
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_env, check=True)
 
-    # While the job is requeued and pending, compute the uninterrupted reference with mpirun (same 4 ranks).
+    # While the job is requeued and pending, compute the uninterrupted reference with mpirun
+    # (same 4 ranks).
     ref = subprocess.run(mpirun_command(4, [sys.executable, TRAIN, "--dir",
                                             str(tmp_path / "ref"), *args, "--out",
                                             str(tmp_path / "ref.npz")]),

@@ -109,7 +109,8 @@ def test_sngan_step_runs_and_hinge_losses():
     before = [v.numpy().copy() for v in gan.generator.trainable_variables]
     d_loss, g_loss = gan.train_step(iter([(images, labels)] * 2), make_synchronizer("hpcrep"))
     assert np.isfinite(d_loss) and np.isfinite(g_loss)
-    assert any(not np.allclose(b, v.numpy()) for b, v in zip(before, gan.generator.trainable_variables))
+    assert any(not np.allclose(b, v.numpy())
+               for b, v in zip(before, gan.generator.trainable_variables))
     assert int(gan.d_opt.iterations) == 2 and int(gan.g_opt.iterations) == 1
 
 
