@@ -8,34 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from hpcrep.launch.mpirun import mpirun_command, mpirun_env
-from transparent_helpers import scratch_dir
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FASHION = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
 
-@pytest.fixture
-def tmp_path():
-    """A scratch directory of our own (pytest's tmp_path roots are pruned by other sessions)."""
-    with scratch_dir("convergence") as path:
-        yield path
-
-
-def run_job(script: str, args: list[str], tmp_path, ranks: int = 2, timeout: int = 600) -> dict:
-    out = tmp_path / "result.json"
-    env = mpirun_env()
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    command = mpirun_command(ranks, [sys.executable, os.path.join(ROOT, "jobs", script)]
-                             + args + ["--result-json", str(out)])
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
-    assert out.exists(), f"{script} wrote no result (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+def job_result(mpirun, scratch, script: str, *args: str, timeout: int = 600) -> dict:
+    """Run ``jobs/SCRIPT ARGS`` on 2 ranks; return what it wrote to ``--result-json`` and its
+    exit code."""
+    out = scratch / "result.json"
+    proc = mpirun.run_job(2, script, *args, "--result-json", out, timeout=timeout,
+                          env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.exists(), (f"{script} wrote no result (exit {proc.returncode}):\n"
+                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text()) | {"returncode": proc.returncode}
 
 
@@ -45,12 +31,12 @@ def need_fashion_mnist(skip_missing) -> None:
 
 
 @pytest.mark.timeout(700)
-def test_resnet_style_net_learns_fashion_mnist(tmp_path, skip_missing):
+def test_resnet_style_net_learns_fashion_mnist(mpirun, scratch, skip_missing):
     need_fashion_mnist(skip_missing)
-    r = run_job("resnet50.py", ["--arch", "small", "--dataset", "fashion-mnist",
-                                "--train-examples", "6000", "--batch", "32", "--epochs", "3",
-                                "--base-lr", "0.4", "--test-examples", "1000",
-                                "--min-accuracy", "0.65", "--seed", "0"], tmp_path)
+    r = job_result(mpirun, scratch, "resnet50.py", "--arch", "small", "--dataset",
+                   "fashion-mnist", "--train-examples", "6000", "--batch", "32", "--epochs", "3",
+                   "--base-lr", "0.4", "--test-examples", "1000", "--min-accuracy", "0.65",
+                   "--seed", "0")
     assert r["ranks"] == 2
     assert r["weights_agree"]
     assert r["last_loss"] < r["first_loss"]
@@ -61,12 +47,11 @@ def test_resnet_style_net_learns_fashion_mnist(tmp_path, skip_missing):
 
 
 @pytest.mark.timeout(700)
-def test_sngan_losses_bounded_and_samples_differ_by_class(tmp_path, skip_missing):
+def test_sngan_losses_bounded_and_samples_differ_by_class(mpirun, scratch, skip_missing):
     need_fashion_mnist(skip_missing)
-    r = run_job("sngan.py", ["--dataset", "fashion-mnist", "--image-size", "16", "--g-ch", "32",
-                             "--d-ch", "32", "--batch", "16", "--n-dis", "1",
-                             "--iterations", "60", "--train-examples", "4000", "--seed", "0"],
-                tmp_path)
+    r = job_result(mpirun, scratch, "sngan.py", "--dataset", "fashion-mnist", "--image-size",
+                   "16", "--g-ch", "32", "--d-ch", "32", "--batch", "16", "--n-dis", "1",
+                   "--iterations", "60", "--train-examples", "4000", "--seed", "0")
     assert r["ranks"] == 2 and r["returncode"] == 0
     assert r["finite"] and len(r["d_losses"]) == 60
     assert r["max_abs_loss"] < 20.0, r["max_abs_loss"]
@@ -80,7 +65,7 @@ def test_sngan_losses_bounded_and_samples_differ_by_class(tmp_path, skip_missing
 
 
 @pytest.mark.timeout(900)
-def test_d4pg_raises_pendulum_return(tmp_path, skip_missing):
+def test_d4pg_raises_pendulum_return(mpirun, scratch, skip_missing):
     try:
         import gymnasium  # noqa: F401
     except ImportError:
@@ -89,10 +74,9 @@ def test_d4pg_raises_pendulum_return(tmp_path, skip_missing):
     # bar holds across seeds, not just this one: with the actor learning rate at 1e-3, 11 seeds
     # of 11 learned by episode 12, the mean of the last 5 of 20 episodes between -121 and -215.
     # (At 3e-4 and 3000 steps, 2 seeds in 9 stayed below -700; one CI run ended at -728.)
-    r = run_job("d4pg.py", ["--deterministic", "--seed", "0", "--env-steps", "4000",
-                            "--min-replay", "1000", "--batch", "256", "--last-episodes", "5",
-                            "--min-return", "-700"],
-                tmp_path, timeout=850)
+    r = job_result(mpirun, scratch, "d4pg.py", "--deterministic", "--seed", "0", "--env-steps",
+                   "4000", "--min-replay", "1000", "--batch", "256", "--last-episodes", "5",
+                   "--min-return", "-700", timeout=850)
     assert r["ranks"] == 2 and r["weights_agree"]
     assert len(r["returns"]) == 20  # 200-step episodes
     # A random policy scores about -1200 to -1500 here; -700 needs a policy that swings up.
