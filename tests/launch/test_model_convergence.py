@@ -14,7 +14,7 @@ import pytest
 FASHION = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
 
-def job_result(mpirun, scratch, script: str, *args: str, timeout: int = 600) -> dict:
+def written_result(mpirun, scratch, script: str, *args: str, timeout: int = 600) -> dict:
     """Run ``jobs/SCRIPT ARGS`` on 2 ranks; return what it wrote to ``--result-json`` and its
     exit code."""
     out = scratch / "result.json"
@@ -33,10 +33,10 @@ def need_fashion_mnist(skip_missing) -> None:
 @pytest.mark.timeout(700)
 def test_resnet_style_net_learns_fashion_mnist(mpirun, scratch, skip_missing):
     need_fashion_mnist(skip_missing)
-    r = job_result(mpirun, scratch, "resnet50.py", "--arch", "small", "--dataset",
-                   "fashion-mnist", "--train-examples", "6000", "--batch", "32", "--epochs", "3",
-                   "--base-lr", "0.4", "--test-examples", "1000", "--min-accuracy", "0.65",
-                   "--seed", "0")
+    r = written_result(mpirun, scratch, "resnet50.py", "--arch", "small", "--dataset",
+                       "fashion-mnist", "--train-examples", "6000", "--batch", "32",
+                       "--epochs", "3", "--base-lr", "0.4", "--test-examples", "1000",
+                       "--min-accuracy", "0.65", "--seed", "0")
     assert r["ranks"] == 2
     assert r["weights_agree"]
     assert r["last_loss"] < r["first_loss"]
@@ -49,9 +49,9 @@ def test_resnet_style_net_learns_fashion_mnist(mpirun, scratch, skip_missing):
 @pytest.mark.timeout(700)
 def test_sngan_losses_bounded_and_samples_differ_by_class(mpirun, scratch, skip_missing):
     need_fashion_mnist(skip_missing)
-    r = job_result(mpirun, scratch, "sngan.py", "--dataset", "fashion-mnist", "--image-size",
-                   "16", "--g-ch", "32", "--d-ch", "32", "--batch", "16", "--n-dis", "1",
-                   "--iterations", "60", "--train-examples", "4000", "--seed", "0")
+    r = written_result(mpirun, scratch, "sngan.py", "--dataset", "fashion-mnist", "--image-size",
+                       "16", "--g-ch", "32", "--d-ch", "32", "--batch", "16", "--n-dis", "1",
+                       "--iterations", "60", "--train-examples", "4000", "--seed", "0")
     assert r["ranks"] == 2 and r["returncode"] == 0
     assert r["finite"] and len(r["d_losses"]) == 60
     assert r["max_abs_loss"] < 20.0, r["max_abs_loss"]
@@ -74,9 +74,9 @@ def test_d4pg_raises_pendulum_return(mpirun, scratch, skip_missing):
     # bar holds across seeds, not just this one: with the actor learning rate at 1e-3, 11 seeds
     # of 11 learned by episode 12, the mean of the last 5 of 20 episodes between -121 and -215.
     # (At 3e-4 and 3000 steps, 2 seeds in 9 stayed below -700; one CI run ended at -728.)
-    r = job_result(mpirun, scratch, "d4pg.py", "--deterministic", "--seed", "0", "--env-steps",
-                   "4000", "--min-replay", "1000", "--batch", "256", "--last-episodes", "5",
-                   "--min-return", "-700", timeout=850)
+    r = written_result(mpirun, scratch, "d4pg.py", "--deterministic", "--seed", "0", "--env-steps",
+                       "4000", "--min-replay", "1000", "--batch", "256", "--last-episodes", "5",
+                       "--min-return", "-700", timeout=850)
     assert r["ranks"] == 2 and r["weights_agree"]
     assert len(r["returns"]) == 20  # 200-step episodes
     # A random policy scores about -1200 to -1500 here; -700 needs a policy that swings up.

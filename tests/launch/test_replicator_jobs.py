@@ -10,7 +10,7 @@ import pytest
 STEPS, HOLD_AT = 60, 10
 
 
-def job_result(mpirun, ranks, script, *job_args):
+def printed_result(mpirun, ranks, script, *job_args):
     """Run ``jobs/SCRIPT`` on ``ranks`` ranks; return the last JSON line it printed."""
     done = mpirun.run_job(ranks, script, *job_args)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -21,7 +21,7 @@ def job_result(mpirun, ranks, script, *job_args):
 
 @pytest.mark.timeout(500)
 def test_sync_job_learns_and_keeps_replicas_equal(mpirun):
-    out = job_result(mpirun, 2, "replicator_sync.py", "--steps", 40)
+    out = printed_result(mpirun, 2, "replicator_sync.py", "--steps", 40)
     assert out["ranks"] == 2
     assert out["last_loss"] < 0.5 * out["first_loss"]
     assert out["weights_equal"]
@@ -29,8 +29,8 @@ def test_sync_job_learns_and_keeps_replicas_equal(mpirun):
 
 @pytest.mark.timeout(500)
 def test_async_groups_progress_at_different_rates_and_converge(mpirun):
-    out = job_result(mpirun, 4, "replicator_async.py", "--steps", STEPS, "--groups", 2,
-                     "--slow-group", 1, "--slow-sleep", 0.05, "--hold-at", HOLD_AT)
+    out = printed_result(mpirun, 4, "replicator_async.py", "--steps", STEPS, "--groups", 2,
+                         "--slow-group", 1, "--slow-sleep", 0.05, "--hold-at", HOLD_AT)
     fast = [r for r in out["ranks"] if r["group"] == 0]
     slow = [r for r in out["ranks"] if r["group"] == 1]
     assert len(fast) == 2 and len(slow) == 2
