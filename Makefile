@@ -5,13 +5,17 @@ PYTEST  := $(PY) -m pytest -p no:cacheprovider
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-unit test-mpi test-launch test-cluster bench clean
+.PHONY: install lint test test-unit test-mpi test-launch test-cluster bench clean
 
 install:
 	@bash tools/install.sh
 
 test: install
-	$(MAKE) --no-print-directory test-unit test-mpi test-launch test-cluster
+	$(MAKE) --no-print-directory lint test-unit test-mpi test-launch test-cluster
+
+# ruff, configured in pyproject.toml ([tool.ruff]): pyflakes, pycodestyle, a few bugbear rules.
+lint:
+	$(PY) -m ruff check .
 
 test-unit:
 	$(PYTEST) -q tests/unit

@@ -184,7 +184,8 @@ def run_allreduce(ranks: list[int], out: str, quick: bool, errors: list,
 
 def horovod_status() -> dict:
     """Whether ``horovod.tensorflow`` imports in this Python (it is a peer only if it does)."""
-    proc = subprocess.run([sys.executable, "-c", "import horovod.tensorflow as h; print(h.__file__)"],
+    proc = subprocess.run([sys.executable, "-c",
+                           "import horovod.tensorflow as h; print(h.__file__)"],
                           capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     if proc.returncode == 0:

@@ -32,8 +32,8 @@ def _timed(fn, repeat: int = 3) -> float:
 
 
 def reader(args: argparse.Namespace) -> None:
-    import hpcrep.comm as hc
-    from hpcrep.data import HDF5ShardReader
+    import hpcrep.comm as hc  # noqa: PLC0415
+    from hpcrep.data import HDF5ShardReader  # noqa: PLC0415
     hc.init()
     r, n = hc.rank(), hc.size()
     keys = ["x_train", "y_train"]
@@ -56,9 +56,9 @@ def reader(args: argparse.Namespace) -> None:
                                                       replace=False))
         t_fancy = _timed(lambda: [d[idx] for d in ds], 1) * rd.steps_per_epoch / 10
     t_reader = _timed(lambda: [None for _ in rd.batches(0)])
-    from hpcrep.tensorflow.basics import configure_threads
+    from hpcrep.tensorflow.basics import configure_threads  # noqa: PLC0415
     configure_threads()
-    from hpcrep.tensorflow.hdf5_dataset import hdf5_dataset
+    from hpcrep.tensorflow.hdf5_dataset import hdf5_dataset  # noqa: PLC0415
     tfds = hdf5_dataset(args.file, keys, args.batch, seed=1)
     t_tf = _timed(lambda: [None for _ in tfds])
     res = {"raw h5py slices": t_raw, "HDF5ShardReader": t_reader, "tf.data hdf5_dataset": t_tf,
@@ -75,11 +75,11 @@ def reader(args: argparse.Namespace) -> None:
 
 
 def checkpoint(args: argparse.Namespace) -> None:
-    import keras
+    import keras  # noqa: PLC0415
 
-    import hpcrep.tensorflow as hvd
-    from hpcrep.checkpoint import CheckpointManager
-    from hpcrep.tensorflow.checkpoint_callback import load_training_state, training_state
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+    from hpcrep.checkpoint import CheckpointManager  # noqa: PLC0415
+    from hpcrep.tensorflow.checkpoint_callback import load_training_state, training_state  # noqa: PLC0415
     hvd.init()
     model = keras.applications.ResNet50(weights=None)
     opt = keras.optimizers.SGD(0.1, momentum=0.9)
@@ -99,8 +99,8 @@ def checkpoint(args: argparse.Namespace) -> None:
     if hvd.rank() == 0:
         params = model.count_params()
         print(f"ResNet-50 {params / 1e6:.1f} M params, {len(model.variables)} model + "
-              f"{len(opt.variables)} optimizer variables, file {os.path.getsize(path) / 1e6:.0f} MB,"
-              f" {hvd.size()} rank(s)")
+              f"{len(opt.variables)} optimizer variables, "
+              f"file {os.path.getsize(path) / 1e6:.0f} MB, {hvd.size()} rank(s)")
         print(f"  save (gather state + write + fsync + rename): best {min(saves):.2f} s, "
               f"median {np.median(saves):.2f} s")
         print(f"  restore (read + verify + broadcast + assign): best {min(restores):.2f} s, "

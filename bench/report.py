@@ -97,7 +97,8 @@ def markdown(report: dict, images: list[str]) -> str:
              "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
              f"Mode: {'quick' if report.get('quick') else 'full'}; weak scaling (fixed per-rank "
              f"batch), TF threads per rank = cores // ranks; warm-up steps excluded; each figure "
-             f"is the median over timed steps of the slowest rank. Took {report.get('seconds', 0):.0f} s.",
+             f"is the median over timed steps of the slowest rank. "
+             f"Took {report.get('seconds', 0):.0f} s.",
              ""]
     for name, model in report["models"].items():
         lines += [f"## {name}", "", f"Throughput in {model.get('unit', '?')}; gradients: "
@@ -111,7 +112,8 @@ def markdown(report: dict, images: list[str]) -> str:
                 lines.append(
                     f"| {PEER_NAMES.get(mode, mode)} | {n} | {_fmt(r['throughput'])} | "
                     f"{_fmt(r['step_ms'])} | {_fmt(r.get('comm_ms'))} | {_fmt(r.get('compute_ms'))}"
-                    f" | {_fmt(r.get('comm_fraction'), '.2f')} | {_fmt(r.get('efficiency'), '.2f')} |")
+                    f" | {_fmt(r.get('comm_fraction'), '.2f')}"
+                    f" | {_fmt(r.get('efficiency'), '.2f')} |")
         if model.get("ratios"):
             lines += ["", "hpcrep throughput / peer throughput:", ""]
             for peer, ratios in model["ratios"].items():
@@ -119,7 +121,8 @@ def markdown(report: dict, images: list[str]) -> str:
                     f"{n} ranks {val:.2f}x" for n, val in ratios.items()))
         lines.append("")
     hv = report["peers"].get("horovod", {})
-    lines += ["## Horovod", "", f"Status: {hv.get('status')} ({hv.get('error', hv.get('path', ''))})."
+    lines += ["## Horovod", "",
+              f"Status: {hv.get('status')} ({hv.get('error', hv.get('path', ''))})."
               " How to build it: bench/README.md.", ""]
     lines += _allreduce_md(report.get("allreduce") or {})
     lines += _projection_md(report["projection"])
@@ -141,7 +144,8 @@ def _allreduce_md(allreduce: dict) -> list[str]:
         if r50:
             lines.append(f"- {n} ranks, ResNet-50 gradient set ({r50['bytes'] / 1e6:.0f} MB): "
                          f"hpcrep tf.function {r50['hpcrep_tf_ms']:.1f} ms, raw mpi4py in-place "
-                         f"{r50['raw_inplace_ms']:.1f} ms ({r50['hpcrep_tf_ms'] / r50['raw_inplace_ms']:.2f}x).")
+                         f"{r50['raw_inplace_ms']:.1f} ms "
+                         f"({r50['hpcrep_tf_ms'] / r50['raw_inplace_ms']:.2f}x).")
     return lines + [""]
 
 

@@ -41,8 +41,8 @@ class Variant:
     """
 
     name: str
-    DistributedGradientTape: Callable[[tf.GradientTape], Any]  # noqa: N815 - Horovod's name
-    DistributedOptimizer: Callable[[keras.optimizers.Optimizer], Any]  # noqa: N815
+    DistributedGradientTape: Callable[[tf.GradientTape], Any]
+    DistributedOptimizer: Callable[[keras.optimizers.Optimizer], Any]
     sync_batch_norm: bool = True
 
 

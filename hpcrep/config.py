@@ -118,7 +118,8 @@ def get(name: str) -> Any:
     try:
         setting = SETTINGS[name]
     except KeyError:
-        raise ConfigError(f"unknown hpcrep setting {name!r}; known: {', '.join(SETTINGS)}") from None
+        raise ConfigError(f"unknown hpcrep setting {name!r}; "
+                          f"known: {', '.join(SETTINGS)}") from None
     raw = os.environ.get(name)
     if raw is None:
         return setting.default

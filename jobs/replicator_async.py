@@ -1,4 +1,4 @@
-"""Asynchronous Replicator: sync groups train one linear model, exchanging through a parameter store.
+"""Asynchronous Replicator: sync groups train one linear model, exchanging via a parameter store.
 
 The ranks are split into ``--groups`` sync groups; each group all-reduces its gradients in
 lockstep and exchanges parameter deltas with the store on rank 0 every ``--exchange-every`` steps,

@@ -2,7 +2,8 @@
 No hpcrep training code (Fashion-MNIST comes from ``hpcrep.data``, a numpy loader of Debian's
 dataset-fashion-mnist).
 
-Writes ``OUT/best.keras`` (ModelCheckpoint), ``OUT/log.csv`` (CSVLogger) and ``OUT/final.weights.h5``.
+Writes ``OUT/best.keras`` (ModelCheckpoint), ``OUT/log.csv`` (CSVLogger) and
+``OUT/final.weights.h5``.
 
     python jobs/transparent_fit_numpy.py --out outputs
     hpcrep run -n 4 jobs/transparent_fit_numpy.py --out outputs

@@ -1,21 +1,30 @@
-"""Shared pytest set-up: quiet TensorFlow, and the rule for tests whose requirements are absent.
+"""Shared pytest set-up: quiet TensorFlow, the repository's root (``repo``), and the rule for
+tests whose requirements are absent.
 
 A test that needs something this machine lacks (Slurm, root, a package) takes the
-``skip_missing`` fixture and calls ``skip_missing("what")``, which skips with a reason that starts with ``missing:``. Under ``CI=true``
-such a skip is turned into a failure, because CI installs everything the suite needs: a skip
-there means an install step is broken. Skips for other reasons (e.g. "needs at least 2 ranks" at
-``-n 1``) stay skips.
+``skip_missing`` fixture and calls ``skip_missing("what")``, which skips with a reason that
+starts with ``missing:``. Under ``CI=true`` such a skip is turned into a failure, because CI
+installs everything the suite needs: a skip there means an install step is broken. Skips for
+other reasons (e.g. "needs at least 2 ranks" at ``-n 1``) stay skips.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MISSING = "missing:"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    """The repository's root directory (``jobs/``, ``slurm/``, ``tests/`` are below it)."""
+    return ROOT
 
 
 def in_ci() -> bool:

@@ -135,7 +135,7 @@ class CheckpointManager:
                 h5file.write_atomic(path, flatten(state),
                                     {"step": int(step), "epoch": int(epoch), **metadata})
                 self._prune()
-            except Exception as exc:  # agreed below and re-raised on every rank
+            except Exception as exc:  # noqa: BLE001 - agreed below, re-raised on every rank
                 error = f"{type(exc).__name__}: {exc}"
         error = _from_root(error)
         if error:

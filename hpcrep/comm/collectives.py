@@ -299,7 +299,8 @@ def allgatherv(array: Any, name: Optional[str] = None,
 def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
              name: Optional[str] = None, communicator: Any = None
              ) -> tuple[np.ndarray, np.ndarray]:
-    """Send ``splits[j]`` consecutive rows of ``array`` to rank j; return what arrived and its splits.
+    """Send ``splits[j]`` consecutive rows of ``array`` to rank j; return what arrived, and its
+    splits.
 
     Without ``splits`` the first dimension is divided evenly (it must be a multiple of size).
     Returns ``(received, received_splits)``: rows from rank 0 first, then rank 1, and so on.

@@ -50,7 +50,7 @@ def resolve(communicator: Any = None) -> Communicator:
     if communicator is None:
         return current()
     if isinstance(communicator, Communicator):
-        communicator._live()  # noqa: SLF001 - sibling module: a freed one fails here, clearly
+        communicator._live()
         return communicator
     if isinstance(communicator, ProcessSet):
         return communicator.communicator()

@@ -122,7 +122,8 @@ POOL = BufferPool()
 
 def pack(bucket: Bucket, arrays: Sequence[np.ndarray], scale: float = 1.0,
          fill: bool = True) -> np.ndarray:
-    """Return a pooled buffer for ``bucket``, with ``arrays`` copied in (times ``scale``) if fill."""
+    """Return a pooled buffer for ``bucket``; with ``fill``, ``arrays`` copied in (times
+    ``scale``)."""
     buf = POOL.take(bucket.dtype, bucket.length)
     if fill:
         for slot in bucket.slots:

@@ -75,7 +75,7 @@ class HDF5ShardReader:
                  rank: Optional[int] = None, size: Optional[int] = None, shuffle: bool = True,
                  seed: int = 0) -> None:
         if rank is None or size is None:
-            from hpcrep import comm
+            from hpcrep import comm  # noqa: PLC0415 - MPI only when no rank is given
             initialised = comm.is_initialized()
             rank = comm.rank() if initialised else 0
             size = comm.size() if initialised else 1

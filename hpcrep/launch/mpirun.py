@@ -36,22 +36,37 @@ def find_mpirun() -> str:
 
 @functools.lru_cache(maxsize=None)
 def flavor(mpirun: str) -> tuple[str, int]:
-    """Return ``("openmpi", major)``, ``("mpich", major)`` or ``("unknown", 0)`` for ``mpirun``."""
+    """Return ``("openmpi", major)``, ``("mpich", major)`` or ``("unknown", 0)`` for ``mpirun``.
+
+    Runs ``mpirun --version`` (:func:`parse_version` reads its output)."""
     try:
         text = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
                               timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ("unknown", 0)
+    return parse_version(text)
+
+
+def parse_version(text: str) -> tuple[str, int]:
+    """Return the MPI and major version that ``mpirun --version`` printed as ``text``.
+
+    Open MPI prints ``mpirun (Open MPI) 4.1.4``; MPICH's Hydra prints ``HYDRA build details:``
+    and, on a later line, ``Version: 4.1.2``. ``("unknown", 0)`` for anything else; a major of 0
+    when no version number follows the name."""
+    name = ""
     for line in text.splitlines():
         low = line.lower()
-        name = "openmpi" if "open mpi" in low else "mpich" if ("hydra" in low or "mpich" in low) else ""
         if not name:
+            name = ("openmpi" if "open mpi" in low
+                    else "mpich" if ("hydra" in low or "mpich" in low) else "")
+            if not name:
+                continue
+        elif not low.strip().startswith("version"):
             continue
-        for token in line.replace("(", " ").replace(")", " ").split():
+        for token in line.replace("(", " ").replace(")", " ").replace(":", " ").split():
             if token[:1].isdigit():
                 return (name, int(token.split(".")[0]))
-        return (name, 0)
-    return ("unknown", 0)
+    return (name, 0) if name else ("unknown", 0)
 
 
 def mpirun_command(n: int, command: Sequence[str], mpirun: Optional[str] = None,

@@ -31,8 +31,8 @@ def _exclude_hpcrep_from_autograph() -> None:
     compiled methods. Uses autograph's module rules, the mechanism it applies to TensorFlow itself.
     """
     try:
-        from tensorflow.python.autograph.core import config as autograph_config
-    except ImportError:  # layout changed in a future TensorFlow: conversion still works, just noisier
+        from tensorflow.python.autograph.core import config as autograph_config  # noqa: PLC0415
+    except ImportError:  # moved in a future TensorFlow: conversion still works, just noisier
         return
     autograph_config.CONVERSION_RULES = ((autograph_config.DoNotConvert("hpcrep"),)
                                          + tuple(autograph_config.CONVERSION_RULES))
@@ -56,9 +56,10 @@ def require_no_xla(name: str) -> None:
     """
     if in_xla_context():
         raise HpcrepError(
-            f"hpcrep collective {name!r} is being compiled with XLA (jit_compile=True), which cannot "
-            "call MPI. Compile the step without XLA: model.compile(..., jit_compile=False) or "
-            "tf.function(jit_compile=False). hpcrep.tensorflow.transparent() does this for you.")
+            f"hpcrep collective {name!r} is being compiled with XLA (jit_compile=True), which "
+            "cannot call MPI. Compile the step without XLA: model.compile(..., "
+            "jit_compile=False) or tf.function(jit_compile=False). "
+            "hpcrep.tensorflow.transparent() does this for you.")
 
 
 def host_call(fn: Callable[..., Sequence], tensors: Sequence[tf.Tensor],

@@ -5,8 +5,9 @@ is collective: every rank must call it, in the same order, with tensors of the s
 shape (allgather and alltoall: all but the first dimension). Mismatches raise on every rank.
 
 Each runs on ``process_set`` (a :class:`hpcrep.comm.ProcessSet`, a
-:class:`hpcrep.comm.Communicator` or None for :func:`hpcrep.comm.current`), resolved when the op is built (at trace time inside
-``tf.function``) and handed to the host callback, which TensorFlow runs on a thread of its own.
+:class:`hpcrep.comm.Communicator` or None for :func:`hpcrep.comm.current`), resolved when the op
+is built (at trace time inside ``tf.function``) and handed to the host callback (the Python path,
+which TensorFlow runs on a thread of its own) or to the compiled path's communication thread.
 
 
 Gradients follow Horovod's (``horovod/tensorflow/mpi_ops.py``): allreduce's is the same

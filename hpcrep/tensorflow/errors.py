@@ -3,8 +3,8 @@
 Horovod's ops raise ``tf.errors.FailedPreconditionError`` when ranks pass mismatched shapes,
 dtypes or ranks, and ``tf.errors.InvalidArgumentError`` for bad arguments such as alltoall splits.
 The classes here derive from both hpcrep's error (so ``except CollectiveMismatchError`` and
-``except ValueError`` keep working) and that TensorFlow type. :func:`hpcrep.tensorflow.bridge.host_call`
-converts the errors raised on the host into them.
+``except ValueError`` keep working) and that TensorFlow type.
+:func:`hpcrep.tensorflow.bridge.host_call` converts the errors raised on the host into them.
 
 One difference remains inside ``tf.function``: TensorFlow turns an exception raised by a host call
 into an error chosen by its Python base class only (``ValueError`` becomes ``InvalidArgumentError``,

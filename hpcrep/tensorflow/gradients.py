@@ -7,8 +7,8 @@ allowed) and returns them reduced across ranks, each group in fusion buckets
 the last gradient back, the order in which the backward pass produces them, and on the compiled
 path (:mod:`hpcrep.tensorflow.native`) each bucket's exchange starts as soon as its own gradients
 exist, inside ``tf.function`` while the backward pass goes on; the order is fixed at trace time
-and the same on every rank. ``HPCREP_OVERLAP=0`` makes every bucket wait for all gradients. Gradients of
-variables registered as local (model-parallel layers: ``register_local_source``,
+and the same on every rank. ``HPCREP_OVERLAP=0`` makes every bucket wait for all gradients.
+Gradients of variables registered as local (model-parallel layers: ``register_local_source``,
 ``register_local_var``) are not exchanged; like Horovod (``scale_local_gradients=True``) hpcrep
 divides them by ``size``.
 """

@@ -78,9 +78,9 @@ class Learner:
     ``hvd.DistributedGradientTape``; the benchmark passes its variants, :mod:`bench.variants`).
     """
 
-    def __init__(self, obs_dim: int, act_dim: int, config: D4PGConfig = D4PGConfig(),
+    def __init__(self, obs_dim: int, act_dim: int, config: Optional[D4PGConfig] = None,
                  distributed_tape: Optional[Callable[[tf.GradientTape], Any]] = None) -> None:
-        c = self.config = config
+        c = self.config = config if config is not None else D4PGConfig()
         self.support = tf.linspace(c.v_min, c.v_max, c.atoms)
         self.actor = mlp(c.hidden, act_dim, "tanh")
         self.critic = mlp(c.hidden, c.atoms)

@@ -94,7 +94,8 @@ class Generator(keras.Model):
         super().__init__(**kwargs)
         blocks = int(math.log2(image_size // 4))
         if 4 * 2 ** blocks != image_size or blocks < 1:
-            raise ValueError(f"image_size must be 4 x a power of 2 (8, 16, 32, ...), got {image_size}")
+            raise ValueError("image_size must be 4 x a power of 2 (8, 16, 32, ...), "
+                             f"got {image_size}")
         self.z_dim, self.classes, self.ch = z_dim, classes, ch
         self.dense = keras.layers.Dense(4 * 4 * ch)
         self.blocks = [GBlock(ch, classes, sync) for _ in range(blocks)]
@@ -150,7 +151,8 @@ class Discriminator(keras.Model):
 
 def d_hinge_loss(real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
     """Discriminator hinge loss: E[relu(1 - D(x))] + E[relu(1 + D(G(z)))]."""
-    return tf.reduce_mean(tf.nn.relu(1.0 - real_logits)) + tf.reduce_mean(tf.nn.relu(1.0 + fake_logits))
+    return (tf.reduce_mean(tf.nn.relu(1.0 - real_logits))
+            + tf.reduce_mean(tf.nn.relu(1.0 + fake_logits)))
 
 
 def g_hinge_loss(fake_logits: tf.Tensor) -> tf.Tensor:

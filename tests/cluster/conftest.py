@@ -19,15 +19,15 @@ from typing import Optional, Sequence
 import pytest
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 CLUSTER_DIR = Path(os.environ.get("HPCREP_CLUSTER_DIR", "/tmp/hpcrep-cluster"))
 
 
 @dataclasses.dataclass
 class Cluster:
-    """The running cluster: its nodes, and how to run on them."""
+    """The running cluster: its nodes, and how to run on them (from the repository ``root``)."""
 
     nodes: list[str]
+    root: Path
 
     def env(self, **extra: str) -> dict:
         """The environment for jobs on the cluster (quiet TensorFlow, Slurm's config)."""
@@ -59,7 +59,7 @@ class Cluster:
         """Start an MPI job across the nodes (stdout and stderr merged, own process group)."""
         return subprocess.Popen(self.mpirun_argv(options, command), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=self.env(**env),
-                                cwd=ROOT, start_new_session=True)
+                                cwd=self.root, start_new_session=True)
 
     def fault(self, action: str, node: str) -> None:
         """``cut`` or ``heal`` a node's link (tests/cluster/cut.sh, heal.sh)."""
@@ -85,7 +85,7 @@ def _nodes() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def cluster(skip_missing) -> Cluster:
+def cluster(skip_missing, repo) -> Cluster:
     """The running cluster of at least 2 nodes (skips, or fails under CI, without one)."""
     if os.geteuid() != 0:
         skip_missing("root, for the multi-node cluster (tests/cluster/up.sh needs it)")
@@ -93,7 +93,7 @@ def cluster(skip_missing) -> Cluster:
     if len(nodes) < 2:
         skip_missing(f"a multi-node cluster: run tests/cluster/up.sh --nodes 2 as root first "
                      f"(found {len(nodes)} node(s) in {CLUSTER_DIR})")
-    return Cluster(nodes)
+    return Cluster(nodes, repo)
 
 
 def _alive(pid: int) -> bool:

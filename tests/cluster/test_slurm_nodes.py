@@ -5,17 +5,15 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hpcrep.slurm import JobOptions, render
 
-ROOT = Path(__file__).resolve().parents[2]
+# Relative to the repository, where the jobs start (sbatch --chdir).
 PROBE_TOPOLOGY = "tests/cluster/topology_probe.py"
-PROBE_TRANSPARENT = str(ROOT / "tests" / "launch" / "probe.py")
-JOB = str(ROOT / "jobs" / "transparent_fit_numpy.py")
+PROBE_TRANSPARENT = "tests/launch/probe.py"
 
 
 def sbatch_wait(cluster, script: str, tmp_path, timeout: float = 300) -> str:
@@ -23,7 +21,7 @@ def sbatch_wait(cluster, script: str, tmp_path, timeout: float = 300) -> str:
     path = tmp_path / "job.sh"
     path.write_text(script)
     try:
-        done = subprocess.run(["sbatch", "--wait", "--chdir", str(ROOT), str(path)],
+        done = subprocess.run(["sbatch", "--wait", "--chdir", str(cluster.root), str(path)],
                               capture_output=True, text=True, timeout=timeout,
                               env=cluster.env())
     except subprocess.TimeoutExpired:
@@ -51,7 +49,8 @@ def test_rendered_job_runs_four_ranks_on_two_hosts(cluster, tmp_path):
 @pytest.mark.timeout(320)
 def test_hpcrep_run_in_a_two_node_allocation_trains_transparently(cluster, tmp_path):
     hpcrep = [sys.executable, "-m", "hpcrep.cli", "run"]
-    argv = [*hpcrep, PROBE_TRANSPARENT, str(tmp_path / "probe"), JOB, "--rows", "2048",
+    job = str(cluster.root / "jobs" / "transparent_fit_numpy.py")  # absolute: probe.py chdirs
+    argv = [*hpcrep, PROBE_TRANSPARENT, str(tmp_path / "probe"), job, "--rows", "2048",
             "--epochs", "2"]
     script = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n"
               f"#SBATCH --output={tmp_path / 'out.txt'}\nset -e\nhostname\n"

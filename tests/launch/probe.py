@@ -37,11 +37,11 @@ def main() -> int:
     os.makedirs(workdir, exist_ok=True)
     os.chdir(workdir)
 
-    import keras  # noqa: PLC0415
+    import keras
 
-    from hpcrep.__main__ import _transparent  # noqa: PLC0415
-    from hpcrep.launch import runner  # noqa: PLC0415
-    from hpcrep.tensorflow.transparent import sharding, state  # noqa: PLC0415
+    from hpcrep.__main__ import _transparent
+    from hpcrep.launch import runner
+    from hpcrep.tensorflow.transparent import sharding, state
 
     records: list[dict] = []
     original_arrays, original_dataset = sharding.shard_arrays, sharding.shard_dataset

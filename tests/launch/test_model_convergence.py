@@ -36,7 +36,8 @@ def run_job(module: str, args: list[str], tmp_path, ranks: int = 2, timeout: int
                              + args + ["--result-json", str(out)])
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT)
-    assert out.exists(), f"{module} wrote no result (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert out.exists(), (f"{module} wrote no result (exit {proc.returncode}):\n"
+                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text()) | {"returncode": proc.returncode}
 
 

@@ -4,28 +4,15 @@ HOLD_AT, waits until the other group has finished all its steps: any lockstep be
 would deadlock, which the timeout turns into a failure) yet converging to one model."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from hpcrep.launch.mpirun import mpirun_command, mpirun_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, HOLD_AT = 60, 10
 
 
-def run_job(ranks, script, *job_args, timeout=400):
-    argv = mpirun_command(ranks, [sys.executable, os.path.join(ROOT, "jobs", script),
-                                  *map(str, job_args)])
-    env = mpirun_env()
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
-                              cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{script} did not finish within {timeout}s (hang?):\n{exc.stdout}")
+def printed_result(mpirun, ranks, script, *job_args):
+    """Run ``jobs/SCRIPT`` on ``ranks`` ranks; return the last JSON line it printed."""
+    done = mpirun.run_job(ranks, script, *job_args)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     assert lines, done.stdout[-3000:] + done.stderr[-3000:]
@@ -33,17 +20,17 @@ def run_job(ranks, script, *job_args, timeout=400):
 
 
 @pytest.mark.timeout(500)
-def test_sync_job_learns_and_keeps_replicas_equal():
-    out = run_job(2, "replicator_sync.py", "--steps", 40)
+def test_sync_job_learns_and_keeps_replicas_equal(mpirun):
+    out = printed_result(mpirun, 2, "replicator_sync.py", "--steps", 40)
     assert out["ranks"] == 2
     assert out["last_loss"] < 0.5 * out["first_loss"]
     assert out["weights_equal"]
 
 
 @pytest.mark.timeout(500)
-def test_async_groups_progress_at_different_rates_and_converge():
-    out = run_job(4, "replicator_async.py", "--steps", STEPS, "--groups", 2, "--slow-group", 1,
-                  "--slow-sleep", 0.05, "--hold-at", HOLD_AT)
+def test_async_groups_progress_at_different_rates_and_converge(mpirun):
+    out = printed_result(mpirun, 4, "replicator_async.py", "--steps", STEPS, "--groups", 2,
+                         "--slow-group", 1, "--slow-sleep", 0.05, "--hold-at", HOLD_AT)
     fast = [r for r in out["ranks"] if r["group"] == 0]
     slow = [r for r in out["ranks"] if r["group"] == 1]
     assert len(fast) == 2 and len(slow) == 2

@@ -19,9 +19,6 @@ import re
 import numpy as np
 import pytest
 
-from test_keras_resume import digests, epochs_logged, job_argv, weights_file
-from transparent_helpers import run_ranks, scratch_dir
-
 E1, E, ROWS, BATCH, LR = 2, 4, 512, 16, 0.01
 
 
@@ -48,32 +45,35 @@ def trained_rate(stderr: str) -> float:
     ("backup", 4, 2, True), ("backup", 2, 4, False),
     ("checkpoint-dir", 4, 2, False), ("checkpoint-dir", 2, 4, True),
 ])
-def test_resume_on_another_number_of_ranks(mechanism, n1, n2, scale):
-    with scratch_dir(f"reshard-{mechanism}") as root:
-        env = {"HPCREP_TRANSPARENT_SCALE_LR": "1" if scale else "0"}
-        protect = "backup" if mechanism == "backup" else "none"
-        if mechanism == "checkpoint-dir":
-            env["HPCREP_CHECKPOINT_DIR"] = str(root / "ckpt")
+def test_resume_on_another_number_of_ranks(mechanism, n1, n2, scale, mpirun, scratch,
+                                           keras_job, epochs_logged, weights_file):
+    root = scratch
+    env = {"HPCREP_TRANSPARENT_SCALE_LR": "1" if scale else "0"}
+    protect = "backup" if mechanism == "backup" else "none"
+    if mechanism == "checkpoint-dir":
+        env["HPCREP_CHECKPOINT_DIR"] = str(root / "ckpt")
 
-        first = run_ranks(n1, job_argv("transparent", protect, root / "backup", root / "first",
-                                       E1, "--keep-backup"), env=env, timeout=300)
-        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-        second = run_ranks(n2, job_argv("transparent", protect, root / "backup", root / "second",
-                                        E, "--dump-start"), env=env, timeout=300)
-        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    first = mpirun.run(n1, keras_job.argv("transparent", protect, root / "backup",
+                                          root / "first", E1, "--keep-backup"),
+                       env=env, timeout=300)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = mpirun.run(n2, keras_job.argv("transparent", protect, root / "backup",
+                                           root / "second", E, "--dump-start"),
+                        env=env, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
 
-        ended = weights_file(root / "first" / "final.weights.h5")
-        started = weights_file(root / "second" / "start.weights.h5")
-        assert sorted(started) == sorted(ended)
-        for name in ended:
-            np.testing.assert_array_equal(started[name], ended[name], err_msg=name)
-        assert epochs_logged(root / "second") == list(range(E1, E))
-        final = weights_file(root / "second" / "final.weights.h5")
-        iterations = final["optimizer/vars/0"]
-        assert int(iterations) == E1 * steps(n1) + (E - E1) * steps(n2), iterations
-        assert float(final["optimizer/vars/1"]) == pytest.approx(LR)  # files: the script's rate
-        assert len(digests(second.stderr)) == 1, second.stderr[-2000:]  # ranks agree
-        assert second.stderr.count("weights-digest") == n2
-        assert losses(root / "second")[0] < 0.5 * losses(root / "first")[0]
-        assert trained_rate(first.stderr) == pytest.approx(LR * (n1 if scale else 1))
-        assert trained_rate(second.stderr) == pytest.approx(LR * (n2 if scale else 1))
+    ended = weights_file(root / "first" / "final.weights.h5")
+    started = weights_file(root / "second" / "start.weights.h5")
+    assert sorted(started) == sorted(ended)
+    for name in ended:
+        np.testing.assert_array_equal(started[name], ended[name], err_msg=name)
+    assert epochs_logged(root / "second") == list(range(E1, E))
+    final = weights_file(root / "second" / "final.weights.h5")
+    iterations = final["optimizer/vars/0"]
+    assert int(iterations) == E1 * steps(n1) + (E - E1) * steps(n2), iterations
+    assert float(final["optimizer/vars/1"]) == pytest.approx(LR)  # files: the script's rate
+    assert len(keras_job.digests(second.stderr)) == 1, second.stderr[-2000:]  # ranks agree
+    assert second.stderr.count("weights-digest") == n2
+    assert losses(root / "second")[0] < 0.5 * losses(root / "first")[0]
+    assert trained_rate(first.stderr) == pytest.approx(LR * (n1 if scale else 1))
+    assert trained_rate(second.stderr) == pytest.approx(LR * (n2 if scale else 1))

@@ -7,10 +7,6 @@ import os
 import textwrap
 import time
 
-import pytest
-
-from transparent_helpers import PYTHON, run_ranks, scratch_dir
-
 N = 4
 
 # Every rank builds a model; rank BAD does something, the others train for minutes (so a rank
@@ -31,51 +27,46 @@ SCRIPT = textwrap.dedent("""
     """)
 
 
-@pytest.fixture
-def tmp_path():
-    """Our own scratch directory (see transparent_helpers.scratch_dir)."""
-    with scratch_dir("failures") as path:
-        yield path
-
-
-def run_script(tmp_path, action: str, bad: int = 2):
-    script = tmp_path / "script.py"
-    script.write_text(SCRIPT.format(bad=bad, out=str(tmp_path), action=action))
-    proc = run_ranks(N, [PYTHON, "-m", "hpcrep", str(script)], timeout=180)
+def run_script(mpirun, scratch, action: str, bad: int = 2):
+    script = scratch / "script.py"
+    script.write_text(SCRIPT.format(bad=bad, out=str(scratch), action=action))
+    proc = mpirun.run(N, [mpirun.python, "-m", "hpcrep", str(script)], timeout=180)
     return proc, time.time()
 
 
-def test_an_exception_on_one_rank_brings_the_job_down_within_10s_naming_the_rank(tmp_path):
-    proc, ended = run_script(tmp_path, "raise RuntimeError('injected failure on this rank')")
+def test_an_exception_on_one_rank_brings_the_job_down_within_10s_naming_the_rank(mpirun,
+                                                                                 scratch):
+    proc, ended = run_script(mpirun, scratch,
+                             "raise RuntimeError('injected failure on this rank')")
     assert proc.returncode != 0
     assert "hpcrep: rank 2 of 4" in proc.stderr and "unhandled exception" in proc.stderr
     assert "RuntimeError: injected failure on this rank" in proc.stderr
-    raised = float((tmp_path / "when").read_text())
+    raised = float((scratch / "when").read_text())
     assert ended - raised < 10, f"job took {ended - raised:.1f} s to end after the raise"
 
 
-def test_sys_exit_with_an_error_code_on_one_rank_aborts_the_job(tmp_path):
-    proc, ended = run_script(tmp_path, "sys.exit(3)", bad=1)
+def test_sys_exit_with_an_error_code_on_one_rank_aborts_the_job(mpirun, scratch):
+    proc, ended = run_script(mpirun, scratch, "sys.exit(3)", bad=1)
     assert proc.returncode != 0
     assert "hpcrep: rank 1 of 4" in proc.stderr and "sys.exit(3)" in proc.stderr
-    assert ended - float((tmp_path / "when").read_text()) < 10
+    assert ended - float((scratch / "when").read_text()) < 10
 
 
-def test_sys_exit_0_and_a_normal_end_exit_cleanly_on_every_rank(tmp_path):
-    script = tmp_path / "ok.py"
+def test_sys_exit_0_and_a_normal_end_exit_cleanly_on_every_rank(mpirun, scratch):
+    script = scratch / "ok.py"
     script.write_text(textwrap.dedent(f"""
         import os, sys
         import keras
         rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        open(os.path.join({str(tmp_path)!r}, f"done{{rank}}"), "w").close()
+        open(os.path.join({str(scratch)!r}, f"done{{rank}}"), "w").close()
         if len(sys.argv) > 1:
             sys.exit(0)
         """))
     for args in ([], ["exit"]):
         for r in range(N):
-            (tmp_path / f"done{r}").unlink(missing_ok=True)
-        proc = run_ranks(N, [PYTHON, "-m", "hpcrep", str(script), *args], timeout=180)
+            (scratch / f"done{r}").unlink(missing_ok=True)
+        proc = mpirun.run(N, [mpirun.python, "-m", "hpcrep", str(script), *args], timeout=180)
         assert proc.returncode == 0, proc.stderr
         assert "aborting" not in proc.stderr
-        assert sorted(os.listdir(tmp_path)) == sorted(["ok.py"] + [f"done{r}" for r in range(N)])
+        assert sorted(os.listdir(scratch)) == sorted(["ok.py"] + [f"done{r}" for r in range(N)])

@@ -6,14 +6,13 @@ from __future__ import annotations
 import collections
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from transparent_helpers import PYTHON, REPO, run_ranks, scratch_dir
-
 N = 4
-PROBE = REPO / "tests" / "launch" / "probe.py"
+PROBE = str(Path(__file__).with_name("probe.py"))
 JOBS = {
     "transparent_fit_tfdata.py": ["--rows", "4096", "--epochs", "3"],
     "transparent_fit_numpy.py": ["--rows", "4096", "--epochs", "3", "--out", "outputs"],
@@ -22,11 +21,11 @@ JOBS = {
 
 
 @pytest.fixture(scope="module", params=sorted(JOBS))
-def job(request):
+def job(request, mpirun):
     script = request.param
-    with scratch_dir(script.replace(".py", "")) as out:
-        proc = run_ranks(N, [PYTHON, str(PROBE), str(out), str(REPO / "jobs" / script),
-                             *JOBS[script]], timeout=280)
+    with mpirun.scratch(script.replace(".py", "")) as out:
+        proc = mpirun.run(N, [mpirun.python, PROBE, str(out), str(mpirun.root / "jobs" / script),
+                              *JOBS[script]], timeout=280)
         assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
         yield script, out, proc
 

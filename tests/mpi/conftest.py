@@ -9,6 +9,7 @@ process, and mpirun then takes the job down: a hang fails the run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ import tempfile
 import pytest
 
 import hpcrep.comm as hc
+from hpcrep.comm import collectives as comm_collectives
 
 hc.init()
 from mpi4py import MPI  # noqa: E402 - after hpcrep initialised MPI
@@ -76,3 +78,24 @@ def shared_dir():
 def world():
     """The (rank, size) of this process in hpcrep's world."""
     return hc.rank(), hc.size()
+
+
+@pytest.fixture
+def allreduces(monkeypatch):
+    """The allreduces this rank enters during the test, each as the tuple of its tensors' names.
+
+    Counts the real calls at hpcrep's MPI layer (every reduction, fused or not, is one
+    ``allreduce`` collective there, however many MPI messages its buffers take); nothing is
+    replaced."""
+    seen: list[tuple[str, ...]] = []
+    real = comm_collectives._collective
+
+    @contextlib.contextmanager
+    def recording(kind, names=()):
+        if kind == "allreduce":
+            seen.append(tuple(names))
+        with real(kind, names):
+            yield
+
+    monkeypatch.setattr(comm_collectives, "_collective", recording)
+    return seen

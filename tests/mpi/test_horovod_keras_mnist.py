@@ -43,6 +43,7 @@ def test_horovod_keras_mnist_example_trains(world, skip_missing):
     for weights, other_losses, lrs in everyone[1:]:
         assert weights == everyone[0][0]  # broadcast after the lazy build, then in step
         assert other_losses == losses  # MetricAverageCallback
+        assert lrs == history.history["lr"]  # the warm-up ran alike everywhere
     np.testing.assert_allclose(history.history["lr"][-1], 0.001 * n, rtol=1e-6)  # warmed up
     if n > 1:
         assert history.history["lr"][0] < 0.001 * n

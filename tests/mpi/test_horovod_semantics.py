@@ -50,7 +50,7 @@ def test_allgather_gradient_is_the_averaged_gradient(world):
                              for k, s in enumerate(sizes)], axis=0)
         results.append((_grad(hvd.allgather, x, grad_ys), np.full(x.shape, r)))
         # Rank-dependent upstream gradients are averaged, not summed.
-        results.append((_grad(lambda v: hvd.allgather(v) * tf.cast(r + 1, dtype), x),
+        results.append((_grad(lambda v, dtype=dtype: hvd.allgather(v) * tf.cast(r + 1, dtype), x),
                         np.full(x.shape, (n + 1) / 2)))
     for got, want in results:
         np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -62,9 +62,11 @@ def test_broadcast_gradient_is_the_averaged_gradient_on_the_root(world):
     results = []
     for root in range(n):
         x = tf.ones([5, 2]) * r
-        results.append((_grad(lambda v: hvd.broadcast(v, root_rank=root), x, tf.ones([5, 2])),
+        results.append((_grad(lambda v, root=root: hvd.broadcast(v, root_rank=root), x,
+                              tf.ones([5, 2])),
                         np.full([5, 2], 1.0 if r == root else 0.0)))
-        results.append((_grad(lambda v: (r + 1.0) * hvd.broadcast(v, root_rank=root), x),
+        results.append((_grad(lambda v, root=root: (r + 1.0) * hvd.broadcast(v, root_rank=root),
+                              x),
                         np.full([5, 2], (n + 1) / 2 if r == root else 0.0)))
     for got, want in results:
         np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -49,7 +49,7 @@ def test_uneven_steps_then_broadcast_from_last(world):
     r, n = world
     w = tf.Variable([1.0, 1.0])
     seen = []
-    for step in range(r + 1):
+    for _ in range(r + 1):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(w * float(r + 1))
         grad = hvd.DistributedGradientTape(tape).gradient(loss, [w])[0]

@@ -179,3 +179,30 @@ def test_learning_rate_warmup_schedule(world):
     assert cb.rate_at(0.0) == pytest.approx(0.4 / n)
     assert cb.rate_at(2.0) == pytest.approx(0.4)
     assert cb.rate_at(1.0) == pytest.approx(0.4 / n * ((n - 1) / 2 + 1))
+
+
+def test_learning_rate_warmup_changes_the_rate_fit_trains_at(world):
+    """During ``fit`` the warm-up callback raises the rate batch by batch, and each update uses
+    it: one bias-free unit trained on the mean of its output has gradient 1 per kernel entry
+    (inputs of ones), so the kernel moves by exactly the rate at every step."""
+    r, n = world
+    steps, epochs, warmup, lr = 4, 3, 2, 0.4
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(hvdk.DistributedOptimizer(keras.optimizers.SGD(lr)),
+                  loss=lambda y_true, y_pred: keras.ops.mean(y_pred))
+    rates, moves, before = [], [], []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda b, logs: (
+            rates.append(float(np.asarray(model.optimizer.learning_rate))),
+            before.append(model.get_weights()[0][0, 0])),
+        on_train_batch_end=lambda b, logs: moves.append(before[-1] - model.get_weights()[0][0, 0]))
+    warm = hvdk.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=warmup)
+    model.fit(np.ones((steps * 2, 2), np.float32), np.zeros((steps * 2, 1), np.float32),
+              batch_size=2, epochs=epochs, shuffle=False, verbose=0, callbacks=[warm, record])
+    expected = [lr / n * ((e + (b + 1) / steps) * (n - 1) / warmup + 1) if e < warmup else lr
+                for e in range(epochs) for b in range(steps)]
+    np.testing.assert_allclose(rates, expected, rtol=1e-6)
+    np.testing.assert_allclose(moves, expected, rtol=1e-5)  # the updates used those rates
+    if n > 1:  # warm-up exists to start below the full rate: it rises during fit
+        assert rates[0] < rates[steps] < rates[2 * steps] == pytest.approx(lr)

@@ -1,4 +1,4 @@
-"""``with hpcrep.tensorflow.transparent():`` trains data-parallel, and every patch is undone on exit.
+"""``with hpcrep.tensorflow.transparent():`` trains data-parallel; every patch is undone on exit.
 
 Runs under ``mpirun -n 4`` and ``-n 1`` (make test-mpi)."""
 
@@ -80,7 +80,8 @@ def test_each_install_patches_attributes_of_its_own(world):
             patches.restore()
         assert all(snapshot()[key] is before[key] for key in before), module.__name__
         for key in changed:
-            assert key not in patched_by, f"{key} patched by {patched_by[key]} and {module.__name__}"
+            assert key not in patched_by, \
+                f"{key} patched by {patched_by[key]} and {module.__name__}"
             patched_by[key] = module.__name__
     assert set(patched_by) == set(before)
 
@@ -108,7 +109,7 @@ def test_restored_even_when_the_body_raises(world):
     before = snapshot()
     with pytest.raises(ZeroDivisionError):
         with transparent(announce=False):
-            1 / 0
+            raise ZeroDivisionError("the body fails")
     assert all(snapshot()[key] is before[key] for key in before)
 
 
@@ -123,7 +124,8 @@ def test_training_inside_the_context_is_data_parallel(world):
         history = model.fit(x, y, batch_size=4, epochs=3, verbose=0)
         predictions = model.predict(x, batch_size=5, verbose=0)
         loss = model.evaluate(x, y, verbose=0)
-    assert len(history.history["loss"]) == 3 and history.history["loss"][-1] < history.history["loss"][0]
+    losses = history.history["loss"]
+    assert len(losses) == 3 and losses[-1] < losses[0]
     # each rank ran 64 / n / 4 steps: the optimizer counted them
     assert int(model.optimizer.iterations.numpy()) == 3 * (64 // n // 4)
     np.testing.assert_allclose(predictions, model(x).numpy(), rtol=1e-5, atol=1e-6)

@@ -63,8 +63,15 @@ def _cluster_logs(lines: int = 15) -> str:
     return "\n".join(parts)
 
 
-def wait_for(job_id: str, env: dict, states: tuple[str, ...], timeout: float,
-             restarts: int = 0, output=None) -> dict:
+@pytest.fixture(scope="session")
+def wait_for():
+    """``wait_for(job_id, env, states, timeout, restarts=0, output=None)``: poll until the job is
+    in one of ``states`` (see :func:`_wait_for`); return its ``scontrol show job`` fields."""
+    return _wait_for
+
+
+def _wait_for(job_id: str, env: dict, states: tuple[str, ...], timeout: float,
+              restarts: int = 0, output=None) -> dict:
     """Poll until the job is in one of ``states`` with at least ``restarts`` restarts.
 
     On timeout, cancel the job and fail with every (state, restarts) it went through and the

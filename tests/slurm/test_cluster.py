@@ -14,29 +14,27 @@ from hpcrep.launch.mpirun import mpirun_command, mpirun_env
 from hpcrep.slurm import JobOptions, render
 from hpcrep.slurm.command import submit
 
-from .conftest import wait_for
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRAIN = os.path.join(ROOT, "slurm", "examples", "train_resumable.py")
+TRAIN = "slurm/examples/train_resumable.py"  # relative to the repository (the jobs' cwd)
 
 
-def sbatch(options: JobOptions, env: dict) -> str:
+def sbatch(options: JobOptions, env: dict, repo) -> str:
+    """Submit the job rendered from ``options``, from the repository's root, with ``env``."""
     old = dict(os.environ)
     os.environ.update(env)  # sbatch exports the submitting environment into the job
     try:
-        return submit(render(options), extra=["--chdir", ROOT])
+        return submit(render(options), extra=["--chdir", str(repo)])
     finally:
         os.environ.clear()
         os.environ.update(old)
 
 
 @pytest.mark.timeout(300)
-def test_srun_starts_four_ranks_of_world_size_four(slurm_env, tmp_path):
+def test_srun_starts_four_ranks_of_world_size_four(slurm_env, wait_for, repo, tmp_path):
     out = tmp_path / "world out.txt"  # a space: the #SBATCH --output value is quoted
     code = ("import hpcrep.comm as hc; hc.init(); "
             "print(f'rank {hc.rank()} size {hc.size()} local {hc.local_rank()}', flush=True)")
     job = sbatch(JobOptions(command=(sys.executable, "-c", code), job_name="hpcrep-world",
-                            tasks_per_node=4, time="5", output=str(out)), slurm_env)
+                            tasks_per_node=4, time="5", output=str(out)), slurm_env, repo)
     info = wait_for(job, slurm_env, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240)
     text = out.read_text()
     assert info["JobState"] == "COMPLETED", text
@@ -46,13 +44,14 @@ def test_srun_starts_four_ranks_of_world_size_four(slurm_env, tmp_path):
 
 def read_step(prefix: str) -> int:
     try:
-        return int(open(f"{prefix}.0").read().split()[1])
+        with open(f"{prefix}.0") as f:
+            return int(f.read().split()[1])
     except (OSError, ValueError, IndexError):
         return 0
 
 
 @pytest.mark.timeout(600)
-def test_signal_checkpoint_requeue_resume(slurm_env, tmp_path):
+def test_signal_checkpoint_requeue_resume(slurm_env, wait_for, repo, tmp_path):
     steps = 60
     args = ["--steps", str(steps), "--save-every", "1000", "--sleep", "0.3"]
     ckpt_dir, out = tmp_path / "ckpt", tmp_path / "train.out"
@@ -61,7 +60,7 @@ def test_signal_checkpoint_requeue_resume(slurm_env, tmp_path):
                                      "--requeue", "--progress", progress,
                                      "--out", str(tmp_path / "final.npz")),
                             job_name="hpcrep-requeue", tasks_per_node=4, time="10",
-                            output=str(out), signal_lead=120, requeue=True), slurm_env)
+                            output=str(out), signal_lead=120, requeue=True), slurm_env, repo)
 
     wait_for(job, slurm_env, ("RUNNING",), 240)
     deadline = time.time() + 240
@@ -72,11 +71,13 @@ def test_signal_checkpoint_requeue_resume(slurm_env, tmp_path):
     # What Slurm does at --signal=USR1@N, sent now: SIGUSR1 to every rank of the job's steps.
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_env, check=True)
 
-    # While the job is requeued and pending, compute the uninterrupted reference with mpirun (same 4 ranks).
+    # While the job is requeued and pending, compute the uninterrupted reference with mpirun
+    # (same 4 ranks).
     ref = subprocess.run(mpirun_command(4, [sys.executable, TRAIN, "--dir",
                                             str(tmp_path / "ref"), *args, "--out",
                                             str(tmp_path / "ref.npz")]),
-                         env=mpirun_env(slurm_env), capture_output=True, text=True, timeout=300)
+                         env=mpirun_env(slurm_env), capture_output=True, text=True, timeout=300,
+                         cwd=repo)
     assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
 
     info = wait_for(job, slurm_env, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 400,

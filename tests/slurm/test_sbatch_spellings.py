@@ -12,11 +12,9 @@ import pytest
 
 from hpcrep.cli import main as hpcrep_main
 
-from .conftest import wait_for
-
 
 @pytest.mark.timeout(300)
-def test_job_name_with_a_space_and_sbatch_spellings(slurm_env, tmp_path):
+def test_job_name_with_a_space_and_sbatch_spellings(slurm_env, wait_for, tmp_path):
     out = tmp_path / "spellings.out"
     code = ("import hpcrep.comm as hc; hc.init(); "
             "print(f'rank {hc.rank()} size {hc.size()}', flush=True)")

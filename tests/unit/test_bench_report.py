@@ -1,4 +1,4 @@
-"""The benchmark report: derived efficiencies and ratios, the projection, rendering, re-rendering."""
+"""The benchmark report: derived efficiencies and ratios, the projection, (re-)rendering."""
 
 from __future__ import annotations
 

@@ -3,11 +3,12 @@
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 
 def test_missing_requirement_fails_only_under_ci(tmp_path):
-    (tmp_path / "conftest.py").write_text(open(__file__.replace(
-        "unit/test_ci_skip_policy.py", "conftest.py")).read())
+    (tmp_path / "conftest.py").write_text(
+        (Path(__file__).parents[1] / "conftest.py").read_text())
     (tmp_path / "test_probe.py").write_text(textwrap.dedent("""
         import pytest
         def test_needs_slurm(skip_missing):

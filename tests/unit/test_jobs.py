@@ -181,7 +181,7 @@ def test_variants_put_their_tape_under_the_same_compiled_step():
         wrap = variant(mode).DistributedGradientTape
 
         @tf.function
-        def grads():
+        def grads(wrap=wrap):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(tf.gather(w, [1, 1])) * 2.0
             return wrap(tape).gradient(loss, [w, unused])

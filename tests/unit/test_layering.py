@@ -15,7 +15,9 @@ import ast
 import re
 from pathlib import Path
 
-HPCREP = Path(__file__).resolve().parents[2] / "hpcrep"
+import hpcrep
+
+HPCREP = Path(hpcrep.__file__).resolve().parent  # the package under test
 
 # (folder under hpcrep/, forbidden top-level names, why)
 RULES = [

@@ -92,7 +92,8 @@ def test_gpu_pinning_by_local_rank():
     script = render(CASES["multinode_gpu_requeue"])
     pin = next(line for line in script.splitlines() if line.startswith("pin_gpu="))
     for local, gpu in (("0", "0"), ("5", "1"), ("3", "3")):
-        done = subprocess.run(["bash", "-c", pin + "\n\"${pin_gpu[@]}\" sh -c 'echo $CUDA_VISIBLE_DEVICES'"],
+        run_pinned = "\n\"${pin_gpu[@]}\" sh -c 'echo $CUDA_VISIBLE_DEVICES'"
+        done = subprocess.run(["bash", "-c", pin + run_pinned],
                               env={"PATH": os.environ["PATH"], "SLURM_LOCALID": local},
                               capture_output=True, text=True)
         assert done.stdout.strip() == gpu, done.stderr
@@ -145,7 +146,7 @@ def test_sbatch_reads_a_quoted_job_name_as_one_value():
     """What sbatch's #SBATCH parser does (quotes group, are dropped; '#' outside quotes starts
     a comment), applied to the rendered line: shlex in POSIX mode with comments behaves alike."""
     script = render(JobOptions(command=("x",), job_name="resnet run #2"))
-    line = next(l for l in script.splitlines() if l.startswith("#SBATCH --job-name"))
+    line = next(ln for ln in script.splitlines() if ln.startswith("#SBATCH --job-name"))
     assert shlex.split(line[len("#SBATCH "):], comments=True) == ["--job-name=resnet run #2"]
 
 

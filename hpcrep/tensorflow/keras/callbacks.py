@@ -118,8 +118,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         steps_per_epoch: batches per epoch; needed with ``staircase=False`` unless ``fit`` knows it.
     """
 
-    def __init__(self, initial_lr: Optional[float], multiplier: Union[float, Callable[[float], float]],
-                 start_epoch: int = 0, end_epoch: Optional[int] = None, staircase: bool = True,
+    def __init__(self, initial_lr: Optional[float],
+                 multiplier: Union[float, Callable[[float], float]], start_epoch: int = 0,
+                 end_epoch: Optional[int] = None, staircase: bool = True,
                  momentum_correction: bool = True, steps_per_epoch: Optional[int] = None) -> None:
         super().__init__()
         self.initial_lr = None if initial_lr is None else float(initial_lr)

@@ -73,7 +73,7 @@ def _load() -> tuple[Any, Any, Optional[str]]:
     try:
         ops = tf.load_op_library(LIBRARY)
         lib = ctypes.CDLL(LIBRARY)
-    except Exception as error:  # a broken build must not break the Python path
+    except Exception as error:  # noqa: BLE001 - a broken build must not break the Python path
         return None, None, f"it failed to load ({error}); rebuild it"
     lib.hpcrep_native_register.restype = ctypes.c_int64
     lib.hpcrep_native_register.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64]

@@ -40,7 +40,8 @@ def kind_of(x: Any) -> Kind:
         return "dataset"
     if isinstance(x, keras.utils.PyDataset):
         return "pydataset"
-    if isinstance(x, (types.GeneratorType, Iterator)) and not isinstance(x, (np.ndarray, tf.Tensor)):
+    if (isinstance(x, (types.GeneratorType, Iterator))
+            and not isinstance(x, (np.ndarray, tf.Tensor))):
         return "generator"
     return "arrays"
 

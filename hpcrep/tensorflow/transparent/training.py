@@ -137,7 +137,8 @@ def install(patches: PatchSet) -> None:
         a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
             a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True)
         if comm.rank() != 0 and isinstance(a["callbacks"], (list, tuple)):
-            a["callbacks"] = [cb for cb in a["callbacks"] if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
+            a["callbacks"] = [cb for cb in a["callbacks"]
+                              if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
         _quiet_off_root(a)
         with keras_loop():
             result = original_evaluate(*bound.args, **bound.kwargs)
