@@ -5,8 +5,9 @@
 - ``nosync``: no communication at all, the upper bound of any synchroniser;
 - ``mpi4py``: the raw baseline written by hand: tensors to numpy, packed into one flat buffer,
   one ``MPI.COMM_WORLD.Allreduce(IN_PLACE)``, divided by the size and split back;
-- ``horovod``: ``horovod.tensorflow.grouped_allreduce`` when Horovod is installed (it is not on
-  the development machines, so this mode is untested there; see bench/README.md).
+- ``horovod``: ``horovod.tensorflow.grouped_allreduce`` (op=Average) inside ``tf.function``;
+  Horovod lives in ``.venv-peers/`` (``make peers``), and ``hpcrep bench`` runs this mode's jobs
+  under that venv's Python (see bench/README.md, section Horovod).
 """
 
 from __future__ import annotations
