@@ -88,7 +88,10 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
 
     cores = machine()["cores"]
     args.cores_per_rank = args.cores_per_rank or default_cores_per_rank(cores, ranks)
-    thread_env(args.cores_per_rank)  # checks the value before anything runs
+    try:
+        thread_env(args.cores_per_rank)  # checks the value before anything runs
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     out = args.out or os.path.join("reports", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
     start = time.time()
