@@ -21,7 +21,7 @@ PEER_COLOURS = {"hpcrep": "#0072B2", "nosync": "#999999", "mpi4py": "#E69F00",
                 "horovod": "#009E73", "mwms": "#CC79A7"}
 MODEL_COLOURS = {"resnet50": "#0072B2", "sngan": "#D55E00", "d4pg": "#009E73"}
 OTHER_COLOURS = ["#56B4E9", "#F0E442", "#000000", "#882255"]
-IDEAL = {"color": "black", "linestyle": "--", "linewidth": 1}
+IDEAL = {"color": "black", "linestyle": "--", "linewidth": 1, "zorder": 3}
 
 
 def colour(name: str, table: dict[str, str] = PEER_COLOURS) -> str:
@@ -83,8 +83,10 @@ def model_figure(name: str, model: dict) -> Any:
     for ax in (ax1, ax2):
         set_rank_axis(ax, ranks)
     ax1.set(ylabel=model.get("unit", "throughput"), title=f"{name}: throughput")
+    top = max([1.2] + [1.1 * r["efficiency"] for by_n in runs.values() for r in by_n.values()
+                       if r.get("efficiency") is not None])  # superlinear points stay visible
     ax2.set(ylabel="efficiency vs 1 rank (same cores per rank)",
-            title=f"{name}: weak-scaling efficiency", ylim=(0, 1.2))
+            title=f"{name}: weak-scaling efficiency", ylim=(0, top))
     return fig
 
 
@@ -105,7 +107,7 @@ def allreduce_figure(allreduce: dict) -> Any:
                     label=f"{n} ranks, {label}")
     if allreduce.get("memcpy_gbps"):
         ax.axhline(allreduce["memcpy_gbps"], **IDEAL, label="memcpy ceiling (measured)")
-    ax.set(xscale="log", xlabel="message bytes", ylabel="GB/s (bytes / time)",
+    ax.set(xscale="log", yscale="log", xlabel="message bytes", ylabel="GB/s (bytes / time)",
            title="allreduce bandwidth vs message size")
     return fig
 

@@ -45,6 +45,12 @@ def test_model_figure_has_a_log2_rank_axis_with_integer_ticks_and_an_ideal_line(
     assert ideal[0].get_color() == "black" and ideal[0].get_linestyle() == "--"
     eff_ideal = [line for line in efficiency.get_lines() if line.get_label() == "ideal"]
     assert list(eff_ideal[0].get_ydata()) == [1.0, 1.0]
+    assert efficiency.get_ylim() == (0, 1.2)
+    plots._pyplot().close(fig)
+    model = _model(["hpcrep"])
+    model["runs"]["hpcrep"]["2"]["efficiency"] = 1.77          # noise can make a point superlinear
+    fig = plots.model_figure("resnet50", model)
+    assert fig.axes[1].get_ylim()[1] >= 1.77
     plots._pyplot().close(fig)
 
 
