@@ -5,7 +5,7 @@ PYTEST  := $(PY) -m pytest -p no:cacheprovider
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install lint test test-unit test-mpi test-launch test-cluster bench clean
+.PHONY: install lint test test-unit test-mpi test-launch test-cluster bench peers clean
 
 install:
 	@bash tools/install.sh
@@ -48,10 +48,17 @@ test-cluster:
 	$(PYTEST) -q tests/slurm tests/cluster || status=$$?; \
 	[ "$$started" = 0 ] || bash tests/cluster/down.sh; exit $$status
 
-# Quick weak-scaling benchmark of ResNet-50, SN-GAN and D4PG at 1 and 2 ranks (2 cores) with
-# peers side by side and the allreduce benchmark; report in reports/<timestamp>/.
+# Quick weak-scaling benchmark of ResNet-50, SN-GAN and D4PG at 1 and 2 ranks (2 cores), one
+# core per rank at both, with peers side by side (Horovod too once `make peers` has built it)
+# and the allreduce benchmark; report in reports/<timestamp>/.
 bench: install
+	@[ -x .venv-peers/bin/python ] || echo "bench: no Horovod: 'make peers' builds it into .venv-peers/ (about 5 min on 2 cores); then make bench times it too"
 	$(PY) -m hpcrep.cli bench all --quick --ranks 1,2
 
+# Horovod 0.28.1 built from its sdist (with the edits TF 2.21 needs) into .venv-peers/, for
+# make bench. Quick when already built (a stamp in .venv-peers/).
+peers: install
+	@bash tools/peers.sh
+
 clean:
-	rm -rf .venv reports
+	rm -rf .venv .venv-peers reports

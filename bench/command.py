@@ -4,9 +4,12 @@ For each model and rank count one MPI job (``python -m jobs.<package> --bench-js
 the repository's top directory) times the job's own training step with hpcrep's public API, with
 no synchronisation (upper bound) and with a hand-written mpi4py allreduce (raw baseline) swapped
 in underneath (``bench/variants.py``); ResNet-50 also runs under
-``tf.distribute.MultiWorkerMirroredStrategy`` on localhost. Horovod is run when importable and
-recorded as "not importable" otherwise. The allreduce benchmark (``bench.allreduce``) runs in the
-same invocation. Results, plots and a projection to 8..1024 ranks go to ``reports/<timestamp>/``.
+``tf.distribute.MultiWorkerMirroredStrategy`` on localhost. Horovod is timed, next to hpcrep in
+one job under ``.venv-peers/bin/python``, when ``make peers`` has built it (``bench/peers.py``);
+the report says how to build it otherwise. Every rank gets the same number of cores
+(``--cores-per-rank``, ``bench/placement.py``) at every rank count, so efficiencies compare like
+with like. The allreduce benchmark (``bench.allreduce``) runs in the same invocation. Results,
+plots and a projection to 8..1024 ranks go to ``reports/<timestamp>/``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import subprocess
 import sys
 import time
 from typing import Any, Optional
+
+from bench.peers import horovod_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("resnet50", "sngan", "d4pg")
@@ -56,6 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="run every job across this many nodes of the multi-node test "
                              "cluster (tests/cluster, root; ranks spread evenly)")
     parser.add_argument("--link", help="with --cluster-nodes: cap each node's link (1gbit, ...)")
+    parser.add_argument("--cores-per-rank", type=int, default=0,
+                        help="TensorFlow threads per rank at every rank count (default: cores // "
+                             "the largest rank count, at least 1)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -78,20 +86,29 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
         raise SystemExit(f"--ranks needs positive integers, got {args.ranks!r}")
     if 1 not in ranks:
         ranks = [1] + ranks  # efficiency is measured against 1 rank
+    from bench.placement import default_cores_per_rank, thread_env  # noqa: PLC0415
+
+    cores = machine()["cores"]
+    args.cores_per_rank = args.cores_per_rank or default_cores_per_rank(cores, ranks)
+    try:
+        thread_env(args.cores_per_rank)  # checks the value before anything runs
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     out = args.out or os.path.join("reports", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
     start = time.time()
     report: dict[str, Any] = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
                               "quick": bool(args.quick), "ranks": ranks,
                               "machine": machine(), "versions": versions(), "models": {},
-                              "peers": {}, "errors": [],
+                              "cores_per_rank": args.cores_per_rank, "peers": {}, "errors": [],
                               "cluster": nodes.describe() if nodes is not None else None}
     models = MODELS if args.model == "all" else (args.model,)
-    report["peers"]["horovod"] = horovod_status()
-    modes = MODES + (("horovod",) if report["peers"]["horovod"]["status"] == "importable" else ())
+    report["peers"]["horovod"] = horovod = horovod_status(ROOT)
+    if horovod["status"] != "importable":
+        print(f"bench: Horovod {horovod['status']}: {horovod['how_to_build']}", flush=True)
     for model in models:
-        report["models"][model] = run_model(model, ranks, args, out, report["errors"], modes,
-                                            nodes)
+        report["models"][model] = run_model(model, ranks, args, out, report["errors"], MODES,
+                                            nodes, horovod.get("python"))
     if not args.no_allreduce:
         report["allreduce"] = run_allreduce([r for r in ranks if r > 1] or [2], out, args.quick,
                                             report["errors"], nodes)
@@ -106,10 +123,13 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
 
 
 def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
-              errors: list, modes: tuple = MODES, nodes: Any = None) -> dict:
+              errors: list, modes: tuple = MODES, nodes: Any = None,
+              horovod_python: Optional[str] = None) -> dict:
     """Run ``model``'s benchmark job at each rank count; return {unit, runs: mode -> ranks -> r}.
 
-    ``nodes`` (a :class:`bench.cluster.Cluster`) runs the jobs across its nodes.
+    ``nodes`` (a :class:`bench.cluster.Cluster`) runs the jobs across its nodes. With
+    ``horovod_python``, one more job per rank count times hpcrep and Horovod under that Python;
+    its hpcrep figures go to ``paired["horovod"]`` (the hpcrep/Horovod ratio uses them).
     """
     result: dict[str, Any] = {"runs": {}, "jobs": {}}
     for n in ranks:
@@ -117,11 +137,16 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
         # MultiWorkerMirroredStrategy is wired to localhost ports: local ranks only.
         if model == "resnet50" and not args.no_mwms and nodes is None:
             variants.append("mwms")
+        if horovod_python:
+            variants.append("horovod")
         for variant in variants:
             path = os.path.join(out, "jobs", f"{model}-{n}-{variant.split(',')[0]}.json")
             extra = ["--port-base", str(free_port_base(n))] if variant == "mwms" else []
-            data = run_job(model, n, ["--modes", variant, "--bench-json", path]
-                           + SETTINGS[model][args.quick] + extra, args.timeout, errors, nodes)
+            job_modes = "hpcrep,horovod" if variant == "horovod" else variant
+            data = run_job(model, n, ["--modes", job_modes, "--bench-json", path]
+                           + SETTINGS[model][args.quick] + extra, args.timeout, errors, nodes,
+                           horovod_python if variant == "horovod" else sys.executable,
+                           args.cores_per_rank)
             if data is None:
                 continue
             result["unit"] = data["unit"]
@@ -131,14 +156,20 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
             result["jobs"][f"{n}/{variant}"] = {"environment": data["environment"],
                                                "seconds": data["seconds"]}
             for mode, timing in data["runs"].items():
-                result["runs"].setdefault(mode, {})[str(n)] = timing
+                paired = variant == "horovod" and mode == "hpcrep"
+                target = result.setdefault("paired", {}).setdefault("horovod", {}) if paired \
+                    else result["runs"].setdefault(mode, {})
+                target[str(n)] = timing
     return result
 
 
 def run_job(model: str, n: int, job_args: list[str], timeout: int,
-            errors: list, nodes: Any = None) -> Optional[dict]:
-    """Run ``python -m jobs.<package>`` on ``n`` ranks (across ``nodes`` if given), from the
-    repository's top directory; return its JSON, or None (error recorded)."""
+            errors: list, nodes: Any = None, python: str = sys.executable,
+            cores_per_rank: int = 0) -> Optional[dict]:
+    """Run ``python -m jobs.<package>`` on ``n`` ranks (across ``nodes`` if given) under
+    ``python``, from the repository's top directory, each rank with ``cores_per_rank`` threads
+    (0: hpcrep's default); return its JSON, or None (error recorded)."""
+    from bench.placement import thread_env  # noqa: PLC0415
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
 
     launch = nodes.mpirun_command if nodes is not None else mpirun_command
@@ -147,7 +178,9 @@ def run_job(model: str, n: int, job_args: list[str], timeout: int,
     os.makedirs(os.path.dirname(path), exist_ok=True)
     env = mpirun_env()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    command = launch(n, [sys.executable, "-m", JOBS[model]] + job_args)
+    if cores_per_rank:
+        env.update(thread_env(cores_per_rank))
+    command = launch(n, [python, "-m", JOBS[model]] + job_args)
     label = f"{model} x{n} ({job_args[job_args.index('--modes') + 1]})"
     print(f"bench: {label} ...", flush=True)
     start = time.time()
@@ -180,20 +213,6 @@ def run_allreduce(ranks: list[int], out: str, quick: bool, errors: list,
     except Exception as exc:  # noqa: BLE001 - record any failure of the peer benchmark
         errors.append(f"allreduce benchmark: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def horovod_status() -> dict:
-    """Whether ``horovod.tensorflow`` imports in this Python (it is a peer only if it does)."""
-    proc = subprocess.run([sys.executable, "-c",
-                           "import horovod.tensorflow as h; print(h.__file__)"],
-                          capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    if proc.returncode == 0:
-        return {"status": "importable", "path": proc.stdout.strip(),
-                "note": "run as the 'horovod' synchroniser (horovod.tensorflow.grouped_allreduce)"}
-    last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-    return {"status": "not importable", "error": last,
-            "how_to_build": "bench/README.md, section Horovod"}
 
 
 def free_port_base(n: int) -> int:

@@ -24,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     with open(path) as f:
         data = json.load(f)
-    if args.rederive or "projection" not in data:
+    if args.rederive or report.derived_by_older_version(data):
         report.derive(data)
         with open(path, "w") as f:
             json.dump(data, f, indent=2)

@@ -5,8 +5,10 @@
 - ``nosync``: no communication at all, the upper bound of any synchroniser;
 - ``mpi4py``: the raw baseline written by hand: tensors to numpy, packed into one flat buffer,
   one ``MPI.COMM_WORLD.Allreduce(IN_PLACE)``, divided by the size and split back;
-- ``horovod``: ``horovod.tensorflow.grouped_allreduce`` when Horovod is installed (it is not on
-  the development machines, so this mode is untested there; see bench/README.md).
+- ``horovod``: ``horovod.tensorflow.grouped_allreduce`` (op=Average) inside ``tf.function``,
+  ``tf.IndexedSlices`` densified first (see :func:`_dense`);
+  Horovod lives in ``.venv-peers/`` (``make peers``), and ``hpcrep bench`` runs this mode's jobs
+  under that venv's Python (see bench/README.md, section Horovod).
 """
 
 from __future__ import annotations
@@ -44,9 +46,17 @@ def make_synchronizer(mode: str) -> Synchronizer:
         import horovod.tensorflow as horovod  # noqa: PLC0415
 
         horovod.init()
-        return tf.function(lambda grads: horovod.grouped_allreduce(list(grads),
-                                                                   op=horovod.Average))
+        return tf.function(lambda grads: horovod.grouped_allreduce(
+            [_dense(g) for g in grads], op=horovod.Average))
     raise ValueError(f"unknown synchronisation mode {mode!r}; expected one of {', '.join(MODES)}")
+
+
+def _dense(grad):
+    """``grad`` as a dense tensor. Horovod 0.28.1's ``grouped_allreduce`` fails on a list that
+    mixes ``tf.IndexedSlices`` with dense tensors (it pairs each slice with the ``dense_shape`` of
+    the tensor at the same position in the whole list), so the horovod mode densifies them, as
+    ``DistributedOptimizer(sparse_as_dense=True)`` would."""
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
 def _mpi4py_average(grads: Sequence[tf.Tensor]) -> list:

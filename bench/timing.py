@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -20,8 +21,10 @@ def time_steps(step: Callable[[], float], steps: int, warmup: int,
 
     Returns:
         ``step_ms``, ``comm_ms``, ``compute_ms``, ``comm_fraction``, ``throughput`` (items/s for
-        the whole job, ``items_per_step`` being the global items of one step) and the raw
-        ``step_times_ms``.
+        the whole job, ``items_per_step`` being the global items of one step), the raw
+        ``step_times_ms``, and ``threads_per_rank`` (TensorFlow's intra-op threads on every
+        rank, None if they differ across ranks or TensorFlow is not loaded), which the report
+        checks before it compares rank counts.
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
@@ -46,7 +49,24 @@ def time_steps(step: Callable[[], float], steps: int, warmup: int,
         "steps": steps,
         "warmup": warmup,
         "step_times_ms": [float(t * 1e3) for t in walls],
+        "threads_per_rank": _threads_per_rank(),
     }
+
+
+def _threads_per_rank() -> Optional[int]:
+    """TensorFlow's intra-op threads if every rank has the same number, else None.
+
+    Collective: every rank must call this. TensorFlow is not imported here: a job that does not
+    load it (or has not set the pool: 0) reports None.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    tf = sys.modules.get("tensorflow")
+    threads = tf.config.threading.get_intra_op_parallelism_threads() if tf is not None else 0
+    lo_hi = np.array([threads, -threads], dtype=np.int64)
+    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, lo_hi, op=MPI.MIN)
+    lo, hi = int(lo_hi[0]), -int(lo_hi[1])
+    return lo if lo == hi and lo > 0 else None
 
 
 def _barrier() -> None:
