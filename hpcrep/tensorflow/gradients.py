@@ -39,7 +39,8 @@ class GradientReducer:
         gradient_predivide_factor: with Average, divide by this before the sum and by
             ``size / factor`` after it (Horovod semantics).
         num_groups: split the gradients into this many fused exchanges (0: one).
-        groups: explicit grouping, a list of lists of variables (overrides ``num_groups``).
+        groups: explicit grouping, a list of lists of variables (overrides ``num_groups``;
+            a variable in no list is reduced on its own, as in Horovod), or a number of groups.
         process_set: ranks to reduce over (a process set or communicator); None: the current
             communicator when :meth:`reduce` is called (traced). On ranks outside a process
             set the gradients pass through unreduced (Horovod's semantics).
@@ -66,6 +67,8 @@ class GradientReducer:
         if self.gradient_predivide_factor != 1.0 and self.op is not ReduceOp.Average:
             raise CollectiveArgumentError(
                 "gradient_predivide_factor needs op=Average; drop the factor or use Average")
+        if isinstance(self.groups, int):  # Horovod: groups=<int> is the number of groups
+            self.num_groups, self.groups = self.groups, None
         if self.num_groups < 0:
             raise CollectiveArgumentError(f"num_groups must be >= 0, got {self.num_groups}")
 
@@ -84,11 +87,11 @@ class GradientReducer:
         if self.local and variables is not None:
             return self._reduce_with_locals(grads, list(variables), name)
         communicator = comm.resolve(self.process_set)
-        if communicator.size() == 1 and self.op is ReduceOp.Average:
-            return grads
-        if self.sparse_as_dense:
+        if self.sparse_as_dense:  # on any number of ranks, as Horovod
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]
+        if communicator.size() == 1 and self.op is ReduceOp.Average:
+            return grads
         out: list[Any] = list(grads)
         dense = [i for i, g in enumerate(grads)
                  if g is not None and not isinstance(g, tf.IndexedSlices)]
@@ -143,8 +146,8 @@ class GradientReducer:
             position = {id(v): i for i, v in enumerate(variables)}
             chosen = [[position[id(v)] for v in grp if id(v) in position] for grp in self.groups]
             grouped = {i for grp in chosen for i in grp}
-            rest = [i for i in indices if i not in grouped]
-            return [[i for i in grp if i in indices] for grp in chosen] + ([rest] if rest else [])
+            rest = [[i] for i in indices if i not in grouped]  # each on its own, as Horovod
+            return [g for g in ([i for i in grp if i in indices] for grp in chosen) if g] + rest
         if self.num_groups > 1:
             n, m = self.num_groups, len(indices)
             return [g for g in (indices[k * m // n:(k + 1) * m // n] for k in range(n)) if g]

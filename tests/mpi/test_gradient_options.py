@@ -89,9 +89,6 @@ def _dense_average(n):
     return total / n
 
 
-@pytest.mark.xfail(SIZE == 1, strict=True, reason=(
-    "on one rank GradientReducer.reduce returns the gradients before sparse_as_dense converts "
-    "them, so they stay tf.IndexedSlices; Horovod converts on any number of ranks"))
 def test_sparse_as_dense_reduces_indexed_slices_as_one_dense_average(world):
     r, n = world
     table, tape, loss = _embedding_gradient(r)
@@ -168,9 +165,6 @@ def test_groups_reduces_each_listed_group_in_one_exchange(world, allreduces):
         assert sum(sizes) == 4, allreduces
 
 
-@pytest.mark.xfail(SIZE > 1, strict=True, reason=(
-    "Horovod reduces every variable named in no group on its own (one allreduce each); "
-    "hpcrep.tensorflow.gradients.GradientReducer._split puts them all in one extra group"))
 def test_groups_reduces_each_unlisted_variable_on_its_own_as_horovod(world, allreduces):
     r, n = world
     if n == 1:
@@ -193,10 +187,6 @@ def test_distributed_optimizer_num_groups_sets_the_exchanges(world, allreduces):
     assert len(allreduces) == (2 if n > 1 else 0), allreduces
 
 
-@pytest.mark.xfail(SIZE > 1, strict=True, reason=(
-    "Horovod accepts groups=<int> (num_groups is deprecated for it); "
-    "hpcrep.tensorflow.gradients.GradientReducer treats groups as a list of lists only "
-    "(TypeError: 'int' object is not iterable; one rank returns before grouping)"))
 def test_groups_as_a_number_is_horovods_num_groups(world, allreduces):
     r, n = world
     variables = _four_variables()

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from bench import plots  # noqa: E402
+from bench import plots
 
 
 def test_rank_ticks_are_the_integers_measured_plus_powers_of_two():
