@@ -80,6 +80,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "TensorFlow, else the Python path; 'on' requires the compiled op; 'off' always the "
             "Python path. `python -m hpcrep.tensorflow.native` says which is active. Must be "
             "the same on every rank."),
+    Setting("HPCREP_NATIVE_SPIN_US", int, 100,
+            "Compiled path: microseconds its communication thread looks for more work before "
+            "sleeping (and half that, a waiting op for its result before leaving a callback). "
+            "Waking a sleeping thread costs tens of microseconds, more than a small allreduce; "
+            "0 never spins (for machines with more ranks than cores)."),
     Setting("HPCREP_OVERLAP", _parse_bool, True,
             "Exchange gradients in buckets that start while the backward pass still runs "
             "(buckets formed from the last layer back, one allreduce each, in the same order on "

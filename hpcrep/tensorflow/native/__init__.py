@@ -76,7 +76,8 @@ def _load() -> tuple[Any, Any, Optional[str]]:
     except Exception as error:  # noqa: BLE001 - a broken build must not break the Python path
         return None, None, f"it failed to load ({error}); rebuild it"
     lib.hpcrep_native_register.restype = ctypes.c_int64
-    lib.hpcrep_native_register.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64]
+    lib.hpcrep_native_register.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
+                                           ctypes.c_int]
     lib.hpcrep_native_unregister.argtypes = [ctypes.c_int64]
     lib.hpcrep_native_begin_join.argtypes = [ctypes.c_int64]
     lib.hpcrep_native_join_pending.argtypes = [ctypes.c_int64]
@@ -145,7 +146,8 @@ def engine(communicator: Any) -> int:
     dup.Set_name(f"hpcrep native {communicator.name}")
     engine_id = lib.hpcrep_native_register(MPI._handleof(dup),
                                            int(bool(config.get("HPCREP_CHECK_COLLECTIVES"))),
-                                           int(config.get("HPCREP_FUSION_THRESHOLD")))
+                                           int(config.get("HPCREP_FUSION_THRESHOLD")),
+                                           int(config.get("HPCREP_NATIVE_SPIN_US")))
     with _lock:
         if not _engines:
             world.at_shutdown(shutdown)
