@@ -208,3 +208,26 @@ def test_status_says_which_path_is_active(compiled):
     assert "compiled op" in native.status()[1]
     with setting("HPCREP_NATIVE", "off"):
         assert native.status()[0] is False and "Python path" in native.status()[1]
+
+
+def test_the_stall_watchdog_watches_the_communication_thread(compiled, monkeypatch, capfd):
+    """Rank 0 computes for 4.5 s before its allreduce; the others' communication threads wait
+    with a 6 s timeout: the watchdog warns at 3 s (it sees the thread's wait) but lets the
+    result arrive."""
+    import time
+
+    r, n = compiled
+    monkeypatch.setenv("HPCREP_STALL_TIMEOUT", "6")
+    step = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum, name="slow.rank.native"))
+    step(tf.ones([4]))  # traced and warmed up on every rank
+    hc.barrier()
+    if r == 0:
+        time.sleep(4.5)
+    start = time.monotonic()
+    total = step(tf.fill([4], float(r + 1)))
+    waited = time.monotonic() - start
+    np.testing.assert_array_equal(total, np.full(4, n * (n + 1) / 2))
+    if n > 1 and r != 0:
+        assert waited > 3
+        err = capfd.readouterr().err
+        assert "allreduce (compiled path)" in err and "slow.rank.native" in err, err[-2000:]
