@@ -82,8 +82,9 @@ def _interleaved_medians(comm: Any, variants: dict[str, Callable[[], Any]], reps
     return {name: float(np.median(times[k]) * 1e3) for k, name in enumerate(variants)}
 
 
-def _with_env(name: str, value: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Return ``fn`` called with environment setting ``name=value`` (read when it traces)."""
+def with_env(name: str, value: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Return ``fn`` called with environment setting ``name=value``: hpcrep reads its settings
+    when a function traces, so a ``tf.function`` traced this way keeps them. Local."""
     def call(*args: Any) -> Any:
         before = os.environ.get(name)
         os.environ[name] = value
@@ -123,10 +124,10 @@ def small_collectives(comm: Any, reps: int) -> dict[str, float]:
         "raw_1kb": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
     }
     for suffix, mode in (("", "auto"), ("_python", "off")):
-        one = _with_env("HPCREP_NATIVE", mode, tf.function(lambda a: hvd.allreduce(a, op=hvd.Sum)))
-        sep = _with_env("HPCREP_NATIVE", mode, tf.function(lambda *a: tf.add_n(
+        one = with_env("HPCREP_NATIVE", mode, tf.function(lambda a: hvd.allreduce(a, op=hvd.Sum)))
+        sep = with_env("HPCREP_NATIVE", mode, tf.function(lambda *a: tf.add_n(
             [hvd.allreduce(t, op=hvd.Sum, name=f"s{i}")[0] for i, t in enumerate(a)])))
-        grp = _with_env("HPCREP_NATIVE", mode, tf.function(lambda *a: tf.add_n(
+        grp = with_env("HPCREP_NATIVE", mode, tf.function(lambda *a: tf.add_n(
             [t[0] for t in hvd.grouped_allreduce(list(a), op=hvd.Sum)])))
         variants[f"allreduce_1kb{suffix}"] = lambda one=one: one(x).numpy()
         variants[f"separate_53{suffix}"] = lambda sep=sep: sep(*xs).numpy()
@@ -177,7 +178,7 @@ def worker(quick: bool, resnet_only: bool = False) -> dict:
         # read, so every result must exist; only a scalar leaves the function).
         consumed = tf.function(lambda ts: tf.add_n(
             [tf.reshape(t, [-1])[0] for t in hvd.grouped_allreduce(ts, op=hvd.Sum)]))
-        python_consumed = _with_env("HPCREP_NATIVE", "off", tf.function(lambda ts: tf.add_n(
+        python_consumed = with_env("HPCREP_NATIVE", "off", tf.function(lambda ts: tf.add_n(
             [tf.reshape(t, [-1])[0] for t in hvd.grouped_allreduce(ts, op=hvd.Sum)])))
         row: dict[str, Any] = {"bytes": int(total), "tensors": len(arrays), "reps": reps}
         variants = {

@@ -52,19 +52,7 @@ def _variants(model: Any, images: Any, labels: Any) -> dict[str, Callable[[], An
             opt.apply(tape.gradient(loss, variables), variables)
             return loss
         return step
-
-    def with_env(name: str, value: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-        def call() -> Any:  # settings are read when the step is traced (its first call)
-            old = os.environ.get(name)
-            os.environ[name] = value
-            try:
-                return fn()
-            finally:
-                if old is None:
-                    del os.environ[name]
-                else:
-                    os.environ[name] = old
-        return call
+    from bench.allreduce import with_env  # noqa: PLC0415 - settings read when a step traces
 
     out = {
         "nosync": optimizer_step(keras.optimizers.SGD(0.001)),

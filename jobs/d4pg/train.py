@@ -133,7 +133,9 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
         r["learner_steps_per_s"] = 1e3 / r["step_ms"]
     write_result(args.bench_json, {
         "model": "d4pg", "unit": "transitions/s", "runs": runs,
-        **gradient_summary(learner.trainable_variables), "config": vars(args)})
+        **gradient_summary(learner.trainable_variables),
+        "syncs_per_step": 2,  # the critic's and the actor's gradients: two gradient() calls
+        "config": vars(args)})
     return 0
 
 
