@@ -15,17 +15,15 @@ import sys
 import pytest
 
 from hpcrep.launch.mpirun import mpirun_command, mpirun_env
-from transparent_helpers import scratch_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FASHION = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
 
 @pytest.fixture
-def tmp_path():
-    """A scratch directory of our own (pytest's tmp_path roots are pruned by other sessions)."""
-    with scratch_dir("convergence") as path:
-        yield path
+def tmp_path(scratch):
+    """The launch tests' scratch directory (tests/launch/conftest.py), not pytest's tmp_path."""
+    return scratch
 
 
 def run_job(module: str, args: list[str], tmp_path, ranks: int = 2, timeout: int = 600) -> dict:
