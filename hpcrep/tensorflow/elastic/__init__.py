@@ -54,7 +54,12 @@ class State:
 
     def commit(self) -> None:
         """Snapshot the state (what ``restore`` returns to); with ``HPCREP_ELASTIC_DIR`` rank 0
-        also writes it to disk. Local."""
+        also writes it to disk, and no rank returns before the file is in place, so a rank that
+        fails after its commit can never leave an older commit behind.
+
+        Collective with ``HPCREP_ELASTIC_DIR`` (every rank must call it, as Horovod's commit,
+        which checks for host updates with the other ranks); local without.
+        """
         self.save()
         directory = config.get("HPCREP_ELASTIC_DIR")
         if directory and comm.rank() == 0:
@@ -63,6 +68,8 @@ class State:
             with open(path + ".tmp", "wb") as f:
                 pickle.dump(self._snapshot(), f)
             os.replace(path + ".tmp", path)  # a crash mid-write leaves the previous commit
+        if directory:
+            comm.barrier()
         self.check_host_updates()
 
     def _resume_from_disk(self) -> None:
