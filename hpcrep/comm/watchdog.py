@@ -187,8 +187,11 @@ def _query(call: _Call) -> dict:
     """Tell every rank where this one waits; return the answers heard within the window.
 
     Ranks whose watchdog fired for the same stall send theirs at about the same time, so each
-    side hears the other. Messages are tagged with the call number, so a later stall never reads
-    an earlier one's status.
+    side hears the other. They need not be in the same call: one rank may wait in a Python
+    collective while another's communication thread (the compiled TensorFlow path) still waits
+    in the previous one, so every status travels with one tag and names its own call; of what
+    a rank sent, the newest is kept (an answer left over from an earlier warning that resolved
+    may name an older call).
     """
     from mpi4py import MPI  # noqa: PLC0415
 
@@ -197,23 +200,19 @@ def _query(call: _Call) -> dict:
         return {}  # talking while the main thread is inside MPI needs MPI_THREAD_MULTIPLE
     me, n = comm.Get_rank(), comm.Get_size()
     status = (call.seq, call.kind, call.names[:1])
-    tag = _STATUS_TAG + call.seq % 100000
     for r in range(n):
         if r != me:
-            comm.isend(status, dest=r, tag=tag)
-    pending = {r: comm.irecv(source=r, tag=tag) for r in range(n) if r != me}
+            comm.isend(status, dest=r, tag=_STATUS_TAG)
     answers = {me: status}
     deadline = time.monotonic() + min(_ANSWER_WINDOW, call.timeout / 4)
-    while pending and time.monotonic() < deadline:
-        for r, req in list(pending.items()):
-            done, value = req.test()
-            if done:
-                answers[r] = value
-                del pending[r]
+    while time.monotonic() < deadline and len(answers) < n:
+        info = MPI.Status()
+        while comm.iprobe(source=MPI.ANY_SOURCE, tag=_STATUS_TAG, status=info):
+            sender = info.Get_source()
+            value = comm.recv(source=sender, tag=_STATUS_TAG)
+            if sender not in answers or value[0] >= answers[sender][0]:
+                answers[sender] = value
         time.sleep(0.05)
-    for req in pending.values():
-        with contextlib.suppress(Exception):
-            req.Cancel()
     return answers
 
 
