@@ -213,7 +213,8 @@ def run_sngan(args, scale: dict, seeds: list[int], out: str) -> dict:
                                                          reference)
     # The metric's noise floor: real training images (disjoint sets of the samples' size)
     # scored against the same test-set statistics.
-    real, _ = fid.reference_images("train", size, n_samples * len(seeds))
+    sets = max(3, len(seeds))
+    real, _ = fid.reference_images("train", size, n_samples * sets)
     floor = [fid.frechet_distance_of(fid.features(model, real[i * n_samples:(i + 1) * n_samples]),
                                      reference) for i in range(len(real) // n_samples)]
     scores = {r: stats([x.get("fid") for x in v]) for r, v in runs.items()}
@@ -255,14 +256,19 @@ def run_d4pg(args, scale: dict, seeds: list[int], out: str) -> dict:
         reached[str(ranks)] = {
             "reached": sum(h is not None for h in hits), "of": len(hits),
             "seconds": stats(seconds),
-            # Runs that never reached it count as infinitely slow in the median.
-            "median_seconds": float(np.median([s if s is not None else np.inf for s in seconds])),
+            # Runs that never reached it count as infinitely slow in the median (None: inf).
+            "median_seconds": _finite_or_none(np.median(
+                [s if s is not None else np.inf for s in seconds])),
             "env_steps_per_actor": stats([h["env_steps_per_actor"] if h else None for h in hits])}
-    one, many = reached["1"]["median_seconds"], reached[str(args.ranks)]["median_seconds"]
+    one, many = (reached[r]["median_seconds"] for r in ("1", str(args.ranks)))
     return {"runs": runs, "threshold": threshold, "window": WINDOW, "time_to_threshold": reached,
             "claim": {"text": f"median wall-clock to a mean return >= {threshold} over {WINDOW} "
                               f"episodes lower with {args.ranks} actors than with 1",
-                      "passed": bool(np.isfinite(many) and many < one)}}
+                      "passed": many is not None and (one is None or many < one)}}
+
+
+def _finite_or_none(x: float) -> Optional[float]:
+    return float(x) if np.isfinite(x) else None
 
 
 RUNNERS = {"resnet": run_resnet, "sngan": run_sngan, "d4pg": run_d4pg}
@@ -304,7 +310,8 @@ def render(report: dict) -> str:
         else:
             for r, s in e["time_to_threshold"].items():
                 lines.append(f"- {r} actor(s): reached {s['reached']}/{s['of']}, seconds "
-                             f"{_fmt(s['seconds'], digits=1)}, median {s['median_seconds']:.1f}; "
+                             f"{_fmt(s['seconds'], digits=1)}, median "
+                             f"{_median_text(s['median_seconds'])}; "
                              f"env steps per actor {_fmt(s['env_steps_per_actor'], digits=0)}")
         lines += ["", "| run | command | wall s | result |", "|---|---|---|---|"]
         for rank_runs in e["runs"].values():
@@ -313,6 +320,10 @@ def render(report: dict) -> str:
                              f"{_run_figure(name, run)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _median_text(seconds: Optional[float]) -> str:
+    return "not reached" if seconds is None else f"{seconds:.1f} s"
 
 
 def _run_figure(name: str, run: dict) -> str:
