@@ -1,4 +1,4 @@
-"""``python -m bench convergence [resnet|sngan|d4pg|all]``: the paper's three results at small scale.
+"""``python -m bench convergence [resnet|sngan|d4pg|all]``: the paper's three results, small.
 
 TF-Replicator (Buchlovsky et al. 2019) claims that data parallelism keeps ResNet's accuracy at
 scale, that SN-GAN's samples get better with the global batch, and that D4PG learns faster in
@@ -290,7 +290,8 @@ def render(report: dict) -> str:
     lines = [f"# Convergence at small scale ({report['scale']})", "",
              f"`{report['command']}`, {report['created']}, seeds {report['seeds']}, ranks "
              f"{report['ranks']}, {report['machine']['cores']} cores "
-             f"({report['machine']['cpu']}). Figures: mean ± sample std [min, max] over seeds.", ""]
+             f"({report['machine']['cpu']}). Figures: mean ± sample std [min, max] over seeds.",
+             ""]
     for name, e in report["experiments"].items():
         lines += [f"## {name}: the claim {verdict(e['claim'])}", "", e["claim"]["text"] + ".", ""]
         if name == "resnet":

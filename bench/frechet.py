@@ -41,14 +41,15 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray,
     Raises:
         ValueError: the shapes do not match (means (d,), covariances (d, d)).
     """
-    mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
-    s1, s2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
+    mu1, mu2 = (np.atleast_1d(np.asarray(m, np.float64)) for m in (mu1, mu2))
+    s1, s2 = (np.atleast_2d(np.asarray(s, np.float64)) for s in (sigma1, sigma2))
     d = mu1.shape[0]
     if mu1.shape != (d,) or mu2.shape != (d,) or s1.shape != (d, d) or s2.shape != (d, d):
         raise ValueError(f"expected means (d,) and covariances (d, d) with one d; got "
                          f"{mu1.shape}, {s1.shape}, {mu2.shape}, {s2.shape}")
     root1 = _psd_sqrt(s1)
-    cross = np.linalg.eigvalsh(_symmetric(root1 @ s2 @ root1))
+    product = root1 @ s2 @ root1
+    cross = np.linalg.eigvalsh((product + product.T) / 2)
     trace_sqrt = float(np.sum(np.sqrt(np.clip(cross, 0.0, None))))
     diff = mu1 - mu2
     return float(diff @ diff + np.trace(s1) + np.trace(s2) - 2.0 * trace_sqrt)
@@ -57,7 +58,3 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray,
 def frechet_distance_of(features1: np.ndarray, features2: np.ndarray) -> float:
     """Frechet distance between Gaussians fitted to two feature sets (n1, d) and (n2, d)."""
     return frechet_distance(*gaussian_statistics(features1), *gaussian_statistics(features2))
-
-
-def _symmetric(matrix: np.ndarray) -> np.ndarray:
-    return (matrix + matrix.T) / 2

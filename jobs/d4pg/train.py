@@ -107,8 +107,8 @@ def train(args: argparse.Namespace) -> int:
               "weights_agree": weights_agree(learner.trainable_variables),
               "seconds": time.time() - start, "ranks": size}
     if rank == 0:
-        print(json.dumps({k: v for k, v in result.items() if not k.startswith(("returns", "episode"))}),
-              flush=True)
+        lists = ("returns", "episode_seconds", "episode_env_steps")
+        print(json.dumps({k: v for k, v in result.items() if k not in lists}), flush=True)
     write_result(args.result_json, result)
     return 0 if last >= args.min_return else 1
 
