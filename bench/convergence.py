@@ -12,7 +12,8 @@ from the repository's top directory) at 1 and 4 ranks over several seeds, and ch
   steps: mean Frechet distance (:mod:`bench.fid`: features of a small classifier the project
   trains and caches) of the samples to the test set lower or equal at the larger batch. The
   metric's own noise is measured by scoring real training images the same way.
-- **d4pg**: 1 actor against 4 actors (one per rank) on ``--d4pg-env``: median wall-clock seconds
+- **d4pg**: 1 actor against 4 actors (one per rank), ``Pendulum-v1`` or the Control Suite's
+  ``cartpole/swingup`` (scale ``full``): median wall-clock seconds
   until the mean of the last ``WINDOW`` episode returns (averaged over actors) reaches the
   threshold; lower at 4 actors.
 
@@ -27,6 +28,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -74,7 +76,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=4, help="the scaled-out run's rank count")
     parser.add_argument("--tolerance", type=float, default=0.005,
                         help="ResNet: accuracy the larger run may lose (0.005 = 0.5 points)")
-    parser.add_argument("--d4pg-env", help="D4PG environment (default: the scale's)")
+    for name in EXPERIMENTS:
+        parser.add_argument(f"--{name}-args", default="", metavar="ARGS",
+                            help=f"more jobs.{name} options, after the scale's (the last of a "
+                                 "repeated option wins), e.g. --resnet-args='--epochs 8'")
     parser.add_argument("--d4pg-threshold", type=float, help="D4PG return threshold")
     parser.add_argument("--fid-cache", help="where the FID classifier is stored "
                         "(default $XDG_CACHE_HOME/hpcrep or ~/.cache/hpcrep)")
@@ -159,19 +164,32 @@ def _paired_runs(args, module: str, name: str, fixed: list[str], scale: dict, se
                  out: str, per_run=None) -> dict[int, list[dict]]:
     """Run ``module`` at 1 and ``args.ranks`` ranks for each seed; return ranks -> runs."""
     runs: dict[int, list[dict]] = {}
+    job_args = fixed + job_options(args, scale, name)
     for ranks in (1, args.ranks):
         for seed in seeds:
             label = f"{name}-r{ranks}-s{seed}"
             extra = per_run(label) if per_run else []
             runs.setdefault(ranks, []).append(run_job(
-                module, ranks, fixed + scale[name] + ["--seed", str(seed)] + extra, out, label,
-                args.timeout))
+                module, ranks, job_args + ["--seed", str(seed)] + extra, out, label, args.timeout))
     return runs
+
+
+def job_options(args: argparse.Namespace, scale: dict, name: str) -> list[str]:
+    """The scale's options for experiment ``name`` followed by ``--<name>-args``."""
+    return scale[name] + shlex.split(getattr(args, f"{name}_args"))
+
+
+def option(job_args: list[str], flag: str, default: str) -> str:
+    """The value of the last ``flag`` in ``job_args`` (as argparse reads it), or ``default``."""
+    values = [job_args[i + 1] for i, a in enumerate(job_args[:-1]) if a == flag]
+    values += [a.split("=", 1)[1] for a in job_args if a.startswith(flag + "=")]
+    return values[-1] if values else default
 
 
 def run_resnet(args, scale: dict, seeds: list[int], out: str) -> dict:
     """ResNet at 1 and N ranks (equal epochs, linear scaling and warm-up): accuracy claim."""
     runs = _paired_runs(args, "jobs.resnet", "resnet", RESNET_FIXED, scale, seeds, out)
+    batch = int(option(RESNET_FIXED + job_options(args, scale, "resnet"), "--batch", "32"))
     acc = {r: stats([x.get("accuracy") for x in v]) for r, v in runs.items()}
     one, many = acc[1], acc[args.ranks]
     gap = None if one["mean"] is None or many["mean"] is None else many["mean"] - one["mean"]
@@ -181,8 +199,8 @@ def run_resnet(args, scale: dict, seeds: list[int], out: str) -> dict:
           else float(np.sqrt(one["std"] ** 2 / one["n"] + many["std"] ** 2 / many["n"])))
     return {"runs": runs, "accuracy": {str(r): s for r, s in acc.items()},
             "claim": {"text": f"test accuracy at {args.ranks} ranks (global batch "
-                              f"{32 * args.ranks}) within {100 * args.tolerance:.1f} points "
-                              "of 1 rank (batch 32) at equal epochs",
+                              f"{batch * args.ranks}) within {100 * args.tolerance:.1f} points "
+                              f"of 1 rank (batch {batch}) at equal epochs",
                       "gap_points": None if gap is None else 100 * gap,
                       "gap_standard_error_points": None if se is None else 100 * se,
                       "passed": bool(passed)}}
@@ -192,8 +210,10 @@ def run_sngan(args, scale: dict, seeds: list[int], out: str) -> dict:
     """SN-GAN at global batch 32 (1 rank) and 32 x N (N ranks), equal generator steps: FID."""
     from bench import fid  # noqa: PLC0415
 
-    size = int(scale["sngan"][scale["sngan"].index("--image-size") + 1])
-    n_samples = int(scale["sngan"][scale["sngan"].index("--samples") + 1])
+    options = SNGAN_FIXED + job_options(args, scale, "sngan")
+    size, n_samples = int(option(options, "--image-size", "32")), int(option(options, "--samples",
+                                                                              "2000"))
+    batch = int(option(options, "--batch", "32"))
     sample_path = {}
 
     def per_run(label: str) -> list[str]:
@@ -223,8 +243,8 @@ def run_sngan(args, scale: dict, seeds: list[int], out: str) -> dict:
               and many["mean"] <= one["mean"])
     return {"runs": runs, "fid": {str(r): s for r, s in scores.items()},
             "real_data_fid": stats(floor) | {"values": floor}, "classifier": info,
-            "claim": {"text": f"FID at global batch {32 * args.ranks} ({args.ranks} ranks) <= "
-                              "FID at batch 32 (1 rank), equal generator steps",
+            "claim": {"text": f"FID at global batch {batch * args.ranks} ({args.ranks} ranks) <= "
+                              f"FID at batch {batch} (1 rank), equal generator steps",
                       "passed": bool(passed)}}
 
 
@@ -242,11 +262,7 @@ def time_to_threshold(run: dict, threshold: float, window: int = WINDOW) -> Opti
 def run_d4pg(args, scale: dict, seeds: list[int], out: str) -> dict:
     """D4PG with 1 and N actors: wall-clock to a return threshold."""
     threshold = args.d4pg_threshold if args.d4pg_threshold is not None else scale["d4pg_threshold"]
-    d4pg_scale = dict(scale)
-    if args.d4pg_env:
-        d4pg_scale["d4pg"] = [a for i, a in enumerate(scale["d4pg"]) if not (
-            a == "--env" or (i and scale["d4pg"][i - 1] == "--env"))] + ["--env", args.d4pg_env]
-    runs = _paired_runs(args, "jobs.d4pg", "d4pg", D4PG_FIXED, d4pg_scale, seeds, out)
+    runs = _paired_runs(args, "jobs.d4pg", "d4pg", D4PG_FIXED, scale, seeds, out)
     reached = {}
     for ranks, rank_runs in runs.items():
         for run in rank_runs:

@@ -24,3 +24,12 @@ def test_time_to_threshold_is_the_first_window_that_reaches_it():
         "episode": 5, "seconds": 5.0, "env_steps_per_actor": 1000}
     assert time_to_threshold(run, -100.0, window=3) is None
     assert time_to_threshold(run, -1400.0, window=1)["episode"] == 1
+
+
+def test_option_reads_the_last_value_as_argparse_does():
+    from bench.convergence import option
+
+    args = ["--batch", "32", "--image-size", "16", "--batch=64", "--epochs", "3", "--epochs", "8"]
+    assert option(args, "--batch", "1") == "64"
+    assert option(args, "--epochs", "1") == "8"
+    assert option(args, "--samples", "2000") == "2000"
