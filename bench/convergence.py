@@ -52,7 +52,7 @@ SCALES: dict[str, dict[str, Any]] = {
         "resnet": ["--train-examples", "20000", "--epochs", "4", "--test-examples", "10000"],
         "sngan": ["--image-size", "16", "--g-ch", "32", "--d-ch", "32", "--n-dis", "1",
                   "--iterations", "300", "--train-examples", "20000", "--samples", "2000"],
-        "d4pg": ["--env-steps", "4000", "--min-replay", "1000", "--batch", "256"],
+        "d4pg": ["--env-steps", "6000", "--min-replay", "1000", "--batch", "256"],
         "seeds": 3, "d4pg_threshold": -400.0, "fid_train_rows": 0, "fid_epochs": 3},
     "full": {
         "resnet": ["--train-examples", "0", "--epochs", "10", "--test-examples", "10000"],
