@@ -127,6 +127,9 @@ def run_job(module: str, ranks: int, job_args: list[str], out: str, label: str,
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
 
     result_path = os.path.join(out, "jobs", label + ".json")
+    for stale in (result_path, os.path.join(out, "jobs", label + "-samples.npz")):
+        if os.path.exists(stale):  # from an earlier run into the same --out
+            os.unlink(stale)
     command = mpirun_command(ranks, [sys.executable, "-m", module] + job_args
                              + ["--result-json", result_path])
     env = mpirun_env()
