@@ -115,11 +115,13 @@ class Replay:
 
 
 def make_env(name: str, seed: int = 0):
-    """A gymnasium environment, or ``dmc:domain-task`` from the optional dm_control suite."""
+    """A gymnasium environment, or ``dmc:DOMAIN-TASK`` (``dmc:cartpole-swingup``) from the
+    DeepMind Control Suite (optional: ``pip install "mujoco==3.17.0" dm-control``) with the
+    same interface (:mod:`jobs.d4pg.dmc`)."""
     if name.startswith("dmc:"):
-        raise NotImplementedError(
-            "dm_control environments need `pip install \"mujoco==3.17.0\" dm-control` and a "
-            "gymnasium wrapper; only gymnasium ids are wired up in this version")
+        from jobs.d4pg.dmc import make_dmc_env  # noqa: PLC0415
+
+        return make_dmc_env(name[len("dmc:"):], seed)
     import gymnasium  # noqa: PLC0415
 
     env = gymnasium.make(name)

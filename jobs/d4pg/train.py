@@ -3,11 +3,13 @@
 Run on N ranks from the repository's top directory:
 ``mpirun -n N python -m jobs.d4pg [options]`` (or ``srun``).
 
-- Training (default): every rank's actor steps its own ``--env`` (gymnasium ``Pendulum-v1``) with
+- Training (default): every rank's actor steps its own ``--env`` (gymnasium ``Pendulum-v1``, or a
+  DeepMind Control Suite task as ``dmc:DOMAIN-TASK`` when ``dm-control`` is installed) with
   the behaviour policy, feeding its replay; after ``--min-replay`` transitions the learner takes
   one data-parallel step (``hvd.DistributedGradientTape``) per environment step and pushes the
   policy to the actors every ``--actor-update-period`` learner steps. Rank 0 writes the episode
-  returns (averaged over ranks) to ``--result-json``; exits 1 if the mean of the last
+  returns (averaged over ranks) with the wall-clock second and environment step at which each
+  episode ended to ``--result-json``; exits 1 if the mean of the last
   ``--last-episodes`` returns is below ``--min-return``.
 - Benchmark (``--bench-json PATH``, what ``hpcrep bench`` runs): fills the replay with random
   actions, then times the same learner step with each variant in ``--modes`` underneath
@@ -81,11 +83,12 @@ def train(args: argparse.Namespace) -> int:
     learner, actor, replay = build(args, env, rank, variant(args.sync).DistributedGradientTape)
     hvd.broadcast_variables(learner.variables, root_rank=0)
     actor.update(learner.policy_variables)
-    returns, start = [], time.time()
+    returns, ended_at, start = [], [], time.time()
     for t in range(args.env_steps):
         finished = actor.step()
         if finished is not None:
             returns.append(finished)
+            ended_at.append((time.time() - start, t + 1))
             if rank == 0 and len(returns) % 5 == 0:
                 print(f"episode {len(returns)} (env step {t + 1}): return {returns[-1]:.1f}",
                       flush=True)
@@ -95,12 +98,17 @@ def train(args: argparse.Namespace) -> int:
                 actor.update(learner.policy_variables)
     mean_returns = hvd.allreduce(np.array(returns, np.float64), op=hvd.Average).numpy().tolist()
     last = float(np.mean(mean_returns[-args.last_episodes:]))
+    # Every rank takes the same number of environment and learner steps, so an episode index
+    # ends at the same step everywhere; rank 0's clock at that step stands for the job's.
     result = {"returns": mean_returns, "first_return": mean_returns[0], "last_mean_return": last,
+              "episode_seconds": [s for s, _ in ended_at],
+              "episode_env_steps": [t for _, t in ended_at],
               "learner_steps": learner.steps, "env_steps_per_rank": args.env_steps,
               "weights_agree": weights_agree(learner.trainable_variables),
               "seconds": time.time() - start, "ranks": size}
     if rank == 0:
-        print(json.dumps({k: v for k, v in result.items() if k != "returns"}), flush=True)
+        lists = ("returns", "episode_seconds", "episode_env_steps")
+        print(json.dumps({k: v for k, v in result.items() if k not in lists}), flush=True)
     write_result(args.result_json, result)
     return 0 if last >= args.min_return else 1
 

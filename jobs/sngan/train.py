@@ -6,7 +6,10 @@ Run on N ranks from the repository's top directory:
 - Training (default): ``--dataset fashion-mnist`` (offline Debian package through
   :mod:`hpcrep.data`, resized to ``--image-size``) or ``synthetic``; rank 0 writes losses and a
   class-separation figure (mean absolute pixel difference between samples of different classes
-  from the same noise) to ``--result-json``; exits 1 if a loss is not finite.
+  from the same noise) to ``--result-json``; with ``--samples-out PATH`` it also writes
+  ``--samples`` generated images (classes in turn, in [-1, 1]) to an ``.npz`` file, which
+  ``bench.convergence`` scores with a Frechet distance (:mod:`bench.fid`); exits 1 if a loss is
+  not finite.
 - Benchmark (``--bench-json PATH``, what ``hpcrep bench`` runs): times generator updates (each
   after ``--n-dis`` discriminator updates) with each variant in ``--modes`` underneath
   (:mod:`bench.variants`).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -41,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train-examples", type=int, default=0)
     p.add_argument("--sync", choices=list(MODES), default="hpcrep")
     p.add_argument("--result-json")
+    p.add_argument("--samples-out", metavar="PATH",
+                   help="rank 0 writes --samples generated images and their labels here (.npz)")
+    p.add_argument("--samples", type=int, default=2000, help="how many for --samples-out")
     add_bench_arguments(p)
     return p.parse_args(argv)
 
@@ -84,6 +91,20 @@ def class_separation(gan, samples: int = 16) -> float:
     return float(np.mean(diffs))
 
 
+def write_samples(gan, path: str, n: int, seed: int) -> None:
+    """Write ``n`` samples (labels 0, 1, ..., 9, 0, ...; noise from ``seed``) to ``path`` as
+    ``images`` (n, size, size, channels) float32 in [-1, 1] and ``labels``. Local (rank 0)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    labels = np.arange(n, dtype=np.int32) % gan.classes
+    z = tf.random.stateless_normal((n, gan.z_dim), seed=(seed, 3))
+    images = np.concatenate([gan.sample(z[i:i + 250], labels[i:i + 250]).numpy()
+                             for i in range(0, n, 250)])
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, images=images.astype(np.float32), labels=labels)
+    os.replace(tmp, path)
+
+
 def build(args, rep, x, y, variant=None):
     from jobs.sngan.model import SNGAN  # noqa: PLC0415
 
@@ -125,6 +146,8 @@ def train(args: argparse.Namespace) -> int:
     if rank == 0:
         print(json.dumps({k: v for k, v in result.items() if not k.endswith("losses")}), flush=True)
     write_result(args.result_json, result)
+    if args.samples_out and rank == 0:
+        write_samples(gan, args.samples_out, args.samples, args.seed)
     return 0 if result["finite"] else 1
 
 

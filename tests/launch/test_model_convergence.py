@@ -98,4 +98,34 @@ def test_d4pg_raises_pendulum_return(tmp_path, skip_missing):
     # A random policy scores about -1200 to -1500 here; -700 needs a policy that swings up.
     assert r["last_mean_return"] > -700, r["returns"]
     assert r["last_mean_return"] > r["first_return"] + 200
+    # Each episode's end is clocked (bench/convergence.py's time to a return threshold).
+    assert r["episode_env_steps"] == [200 * (k + 1) for k in range(20)]
+    assert len(r["episode_seconds"]) == 20 and r["episode_seconds"] == sorted(r["episode_seconds"])
+    assert 0 < r["episode_seconds"][-1] <= r["seconds"]
     assert r["returncode"] == 0
+
+
+@pytest.mark.timeout(600)
+def test_convergence_harness_scores_sngan_samples_with_its_own_classifier(tmp_path, skip_missing):
+    """``python -m bench convergence sngan --scale smoke`` end to end at 1 and 2 ranks: the jobs
+    write samples, the harness trains its FID classifier into an empty cache (HDF5), scores every
+    run and writes the report. The verdict itself is not asserted: 10 generator steps say
+    nothing about batch size (bench/convergence.py's small and full scales do)."""
+    need_fashion_mnist(skip_missing)
+    out, cache = tmp_path / "report", tmp_path / "cache"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "bench", "convergence", "sngan", "--scale",
+                           "smoke", "--ranks", "2", "--out", str(out), "--fid-cache", str(cache)],
+                          env=env, capture_output=True, text=True, timeout=550, cwd=ROOT)
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "convergence.json").read_text())
+    e = report["experiments"]["sngan"]
+    runs = e["runs"]["1"] + e["runs"]["2"]
+    assert [r["ranks"] for r in runs] == [1, 2] and all("error" not in r for r in runs)
+    assert e["classifier"]["path"].startswith(str(cache)) and e["classifier"]["test_accuracy"] > 0.5
+    # Real images sit far closer to the test set than 10-step samples do: the metric sees quality.
+    fids = [r["fid"] for r in runs]
+    assert all(f > 0 for f in fids) and e["real_data_fid"]["mean"] < 0.2 * min(fids), (fids, e)
+    assert e["claim"]["passed"] == (fids[1] <= fids[0])
+    md = (out / "convergence.md").read_text()
+    assert "mpirun -n 2 python -m jobs.sngan" in md and "--seed 0" in md
