@@ -64,6 +64,8 @@ class _State:
 
 _state = _State()
 _guard = threading.Lock()
+_comm_lock = threading.Lock()  # held while a status query uses _state.comm; detach waits for it
+_closing = threading.Event()   # set by detach: a running query stops at once
 
 
 def attach(comm: Any) -> None:
@@ -79,9 +81,14 @@ def attach(comm: Any) -> None:
 
 def detach() -> None:
     """Free the status communicator (at :func:`hpcrep.comm.shutdown`). Collective, like attach."""
-    if _state.comm is not None:
-        _state.comm.Free()
-        _state.comm = None
+    _closing.set()
+    try:
+        with _comm_lock:  # a query still listening (its stall resolved) must not outlive it
+            if _state.comm is not None:
+                _state.comm.Free()
+                _state.comm = None
+    finally:
+        _closing.clear()
 
 
 def stall_timeout() -> float:
@@ -195,8 +202,13 @@ def _query(call: _Call) -> dict:
     """
     from mpi4py import MPI  # noqa: PLC0415
 
-    comm = _state.comm
-    if comm is None or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+    with _comm_lock:
+        return _query_on(_state.comm, call, MPI)
+
+
+def _query_on(comm: Any, call: _Call, mpi: Any) -> dict:
+    """:func:`_query` on the watchdog's communicator ``comm`` (the caller holds the lock)."""
+    if comm is None or mpi.Query_thread() != mpi.THREAD_MULTIPLE:
         return {}  # talking while the main thread is inside MPI needs MPI_THREAD_MULTIPLE
     me, n = comm.Get_rank(), comm.Get_size()
     status = (call.seq, call.kind, call.names[:1])
@@ -205,9 +217,9 @@ def _query(call: _Call) -> dict:
             comm.isend(status, dest=r, tag=_STATUS_TAG)
     answers = {me: status}
     deadline = time.monotonic() + min(_ANSWER_WINDOW, call.timeout / 4)
-    while time.monotonic() < deadline and len(answers) < n:
-        info = MPI.Status()
-        while comm.iprobe(source=MPI.ANY_SOURCE, tag=_STATUS_TAG, status=info):
+    while time.monotonic() < deadline and len(answers) < n and not _closing.is_set():
+        info = mpi.Status()
+        while comm.iprobe(source=mpi.ANY_SOURCE, tag=_STATUS_TAG, status=info):
             sender = info.Get_source()
             value = comm.recv(source=sender, tag=_STATUS_TAG)
             if sender not in answers or value[0] >= answers[sender][0]:
