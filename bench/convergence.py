@@ -102,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
     os.makedirs(os.path.join(out, "jobs"), exist_ok=True)
     report: dict[str, Any] = {
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", "bench", "convergence"] + sys.argv[2:]),
+        "command": shlex.join(["python", "-m", "bench", "convergence"] + sys.argv[2:]),
         "scale": args.scale, "seeds": seeds, "ranks": [1, args.ranks],
         "machine": machine(), "versions": versions(), "experiments": {}}
     chosen = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
