@@ -66,7 +66,8 @@ def variant(mode: str) -> Variant:
 
         horovod.init()
         average = make_synchronizer("horovod")
-        return Variant(mode, horovod.DistributedGradientTape,
+        return Variant(mode, lambda tape: TensorFlowSourcesTape(
+            horovod.DistributedGradientTape(tape)),
                        lambda optimizer: averaging_optimizer(optimizer, average))
     raise ValueError(f"unknown synchronisation mode {mode!r}; expected one of {', '.join(MODES)}")
 
@@ -104,6 +105,29 @@ class AveragingTape:
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
         return tf.nest.pack_sequence_as(grads, _average_present(
             tf.nest.flatten(grads, expand_composites=False), self._average))
+
+
+class TensorFlowSourcesTape:
+    """A tape that asks ``tape`` for gradients with respect to the ``tf.Variable`` behind each
+    Keras 3 variable: Horovod's ``DistributedGradientTape`` keys gradients by ``source.ref()``,
+    which Keras 3 variables lack (``AttributeError: 'Variable' object has no attribute 'ref'``).
+    The gradients are the same, since reading a Keras variable reads its ``tf.Variable``."""
+
+    def __init__(self, tape: Any) -> None:
+        self._tape = tape
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        """``tape.gradient`` with Keras variables in ``sources`` replaced by their
+        ``tf.Variable``. Collective if ``tape``'s is. Horovod's ``gradient`` has no
+        ``unconnected_gradients`` (its fourth parameter is ``use_generic_names``): only the
+        default, None for an unconnected source, is accepted."""
+        if unconnected_gradients != tf.UnconnectedGradients.NONE:
+            raise ValueError("Horovod's DistributedGradientTape returns None for unconnected "
+                             "sources; unconnected_gradients cannot be changed")
+        backing = tf.nest.map_structure(
+            lambda s: s.value if isinstance(s, keras.Variable) else s, sources)
+        return self._tape.gradient(target, backing, output_gradients=output_gradients)
 
 
 def averaging_optimizer(optimizer: keras.optimizers.Optimizer,

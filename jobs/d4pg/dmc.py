@@ -13,6 +13,7 @@ Optional: needs ``pip install "mujoco==3.17.0" dm-control`` (mujoco 4.0 breaks d
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import numpy as np
@@ -29,6 +30,9 @@ def make_dmc_env(spec: str, seed: int = 0) -> "DMCEnv":
     if not sep or not domain or not task:
         raise ValueError(f"a DeepMind Control Suite task is dmc:DOMAIN-TASK "
                          f"(dmc:cartpole-swingup), got dmc:{spec}")
+    # Features only: no OpenGL context is needed, and probing for one (GLFW without a display)
+    # prints a warning on every rank.
+    os.environ.setdefault("MUJOCO_GL", "disabled")
     try:
         from dm_control import suite  # noqa: PLC0415
     except ImportError as e:
