@@ -8,6 +8,8 @@ the backward pass, side by side in one MPI job.
 - ``hpcrep``: ``hvd.DistributedOptimizer`` with the defaults (compiled path, overlap on);
 - ``hpcrep_no_overlap``: the same with ``HPCREP_OVERLAP=0`` (one exchange after the backward pass);
 - ``hpcrep_python``: the same with ``HPCREP_NATIVE=off`` (the Python path);
+- ``hpcrep_fp16``: the defaults with ``compression=hvd.Compression.fp16`` (half the bytes on the
+  wire, overlapped the same way);
 - ``horovod``: ``horovod.tensorflow.grouped_allreduce`` of the gradients (its
   ``DistributedGradientTape`` fails on Keras 3 variables), where Horovod is importable (the
   ``.venv-peers`` interpreter: ``make peers``).
@@ -61,6 +63,8 @@ def _variants(model: Any, images: Any, labels: Any) -> dict[str, Callable[[], An
             hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
         "hpcrep_python": with_env("HPCREP_NATIVE", "off", optimizer_step(
             hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
+        "hpcrep_fp16": optimizer_step(hvd.DistributedOptimizer(
+            keras.optimizers.SGD(0.001), compression=hvd.Compression.fp16)),
     }
     try:
         import horovod.tensorflow as horovod  # noqa: PLC0415

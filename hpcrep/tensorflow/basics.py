@@ -24,8 +24,21 @@ def threads_per_rank() -> int:
     return max(1, (cores or 1) // comm.local_size())
 
 
+# Two inter-op threads even at one intra-op thread: an inter-op thread takes its newest task
+# first, so with only one the backward pass runs its chain of input gradients to the first layer
+# and only then the weight gradients it left queued, last layer's last; every gradient bucket is
+# then complete at the end of the backward pass and nothing overlaps with it. A second thread
+# takes the oldest queued task, the last layers' weight gradients, and their buckets go out while
+# the backward pass goes on. Measured on the test cluster (2 nodes x 1 rank, 2 Gb/s, ResNet-50
+# 64x64 batch 16, 1 intra-op thread): first bucket handed over at a fifth of the step instead of
+# after the whole backward pass, step 1230 -> 950 ms, the unsynchronised step unchanged.
+INTER_OP_THREADS = 2
+
+
 def configure_threads() -> bool:
-    """Size TensorFlow's thread pools for this rank so that ranks x threads ~ cores.
+    """Size TensorFlow's thread pools for this rank so that ranks x threads ~ cores: the
+    intra-op pool (what one op's computation uses) gets :func:`threads_per_rank` threads, the
+    inter-op pool (which runs independent ops side by side) :data:`INTER_OP_THREADS`.
 
     Returns False (and changes nothing) if TensorFlow's runtime already started, after which the
     pools cannot be resized. Local: each rank decides for itself.
@@ -33,7 +46,7 @@ def configure_threads() -> bool:
     n = threads_per_rank()
     try:
         tf.config.threading.set_intra_op_parallelism_threads(n)
-        tf.config.threading.set_inter_op_parallelism_threads(min(2, n))
+        tf.config.threading.set_inter_op_parallelism_threads(INTER_OP_THREADS)
     except RuntimeError:
         return False
     return True

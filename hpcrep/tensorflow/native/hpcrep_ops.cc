@@ -618,6 +618,11 @@ class EnqueueOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("description", &description_));
   }
 
+  // Cheap (a copy into the request's buffer): the executor runs it inline, in the thread that
+  // produced its last input, instead of queueing it on the inter-op pool, so a bucket is handed
+  // to the communication thread as soon as its gradients exist.
+  bool IsExpensive() override { return false; }
+
   void Compute(OpKernelContext* ctx) override {
     Engine* engine = FindEngine(engine_);
     OP_REQUIRES(ctx, engine != nullptr,
