@@ -26,8 +26,11 @@ def oversubscribed(cores: int, cores_per_rank: int, ranks: int) -> bool:
 
 def thread_env(cores_per_rank: int) -> dict[str, str]:
     """Environment variables that give every rank of a job ``cores_per_rank`` compute threads:
-    ``HPCREP_THREADS`` (TensorFlow's intra-op pool, read by ``hvd.init()``) and
-    ``OMP_NUM_THREADS`` (any OpenMP/BLAS pool)."""
+    ``HPCREP_THREADS`` (TensorFlow's intra-op pool, read by ``hvd.init()``), ``OMP_NUM_THREADS``
+    (any OpenMP/BLAS pool) and ``HPCREP_INTER_OP_THREADS`` (at most ``cores_per_rank``: left to
+    hpcrep's automatic choice, a 1-rank run on an idle machine would take a second core that the
+    runs it is compared with do not have)."""
     if cores_per_rank < 1:
         raise ValueError(f"--cores-per-rank must be at least 1, got {cores_per_rank}")
-    return {"HPCREP_THREADS": str(cores_per_rank), "OMP_NUM_THREADS": str(cores_per_rank)}
+    return {"HPCREP_THREADS": str(cores_per_rank), "OMP_NUM_THREADS": str(cores_per_rank),
+            "HPCREP_INTER_OP_THREADS": str(min(2, cores_per_rank))}

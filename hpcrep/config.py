@@ -94,6 +94,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_THREADS", int, 0,
             "TensorFlow intra-op threads per rank; 0 means cores on this node // ranks on this "
             "node (at least 1)."),
+    Setting("HPCREP_INTER_OP_THREADS", int, 0,
+            "TensorFlow inter-op threads per rank (independent ops run side by side); 0 means 2 "
+            "where this node has a core to spare (more cores than ranks x intra-op threads), "
+            "else 1. Gradient exchange overlaps the backward pass only with 2 or more: with 1, "
+            "TensorFlow computes the last layers' weight gradients last, so every bucket is "
+            "ready only at the end."),
     Setting("HPCREP_LOG_LEVEL", str, "warning",
             "Verbosity of hpcrep's own log: debug, info, warning or error."),
     Setting("HPCREP_TRANSPARENT_SCALE_LR", _parse_bool, False,

@@ -24,21 +24,35 @@ def threads_per_rank() -> int:
     return max(1, (cores or 1) // comm.local_size())
 
 
-# Two inter-op threads even at one intra-op thread: an inter-op thread takes its newest task
-# first, so with only one the backward pass runs its chain of input gradients to the first layer
-# and only then the weight gradients it left queued, last layer's last; every gradient bucket is
-# then complete at the end of the backward pass and nothing overlaps with it. A second thread
-# takes the oldest queued task, the last layers' weight gradients, and their buckets go out while
-# the backward pass goes on. Measured on the test cluster (2 nodes x 1 rank, 2 Gb/s, ResNet-50
-# 64x64 batch 16, 1 intra-op thread): first bucket handed over at a fifth of the step instead of
-# after the whole backward pass, step 1230 -> 950 ms, the unsynchronised step unchanged.
-INTER_OP_THREADS = 2
+
+
+def inter_op_threads(intra: int) -> int:
+    """Return the inter-op threads for a rank with ``intra`` intra-op threads:
+    ``HPCREP_INTER_OP_THREADS``, or where it is 0, 2 if this node has more cores than its ranks'
+    intra-op threads (a core to spare), else 1. Requires :func:`hpcrep.comm.init`. Local."""
+    wanted = config.get("HPCREP_INTER_OP_THREADS")
+    if wanted > 0:
+        return wanted
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 2 if (cores or 1) > comm.local_size() * intra else 1
 
 
 def configure_threads() -> bool:
     """Size TensorFlow's thread pools for this rank so that ranks x threads ~ cores: the
     intra-op pool (what one op's computation uses) gets :func:`threads_per_rank` threads, the
-    inter-op pool (which runs independent ops side by side) :data:`INTER_OP_THREADS`.
+    inter-op pool (which runs independent ops side by side) :func:`inter_op_threads`.
+
+    Two inter-op threads where a core is spare: an inter-op thread takes its newest task
+    first, so with only one the backward pass runs its chain of input gradients to the first
+    layer and only then the weight gradients it left queued, last layer's last; every gradient
+    bucket is then complete at the end of the backward pass and nothing overlaps with it. A
+    second thread takes the oldest queued task, the last layers' weight gradients, and their
+    buckets go out while the backward pass goes on. Measured on the test cluster (2 nodes x 1
+    rank, 2 Gb/s, ResNet-50 64x64 batch 16, 1 intra-op thread): the first bucket handed over at
+    a fifth of the step instead of after the whole backward pass, step 1230 -> 950 ms, the
+    unsynchronised step unchanged. Where ranks already take every core, the second thread only
+    competes with the communication thread: SN-GAN's small step at 2 ranks on this 2-core
+    machine took 80-88 ms with 2 against 59-70 ms with 1 (nosync alike).
 
     Returns False (and changes nothing) if TensorFlow's runtime already started, after which the
     pools cannot be resized. Local: each rank decides for itself.
@@ -46,7 +60,7 @@ def configure_threads() -> bool:
     n = threads_per_rank()
     try:
         tf.config.threading.set_intra_op_parallelism_threads(n)
-        tf.config.threading.set_inter_op_parallelism_threads(INTER_OP_THREADS)
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(n))
     except RuntimeError:
         return False
     return True

@@ -191,15 +191,26 @@ def test_overlap_starts_exchanges_before_the_backward_pass_ends(compiled):
     assert not any(op.type == "MatMul" for op in buckets[-1] - buckets[0])
 
 
-def test_two_inter_op_threads_so_buckets_leave_during_the_backward_pass(compiled):
+def test_inter_op_threads_follow_the_spare_cores(compiled, monkeypatch):
     """With one inter-op thread TensorFlow runs the weight gradients the backward pass queued
-    newest first, the last layers' last, so the graph above overlaps on paper only: every bucket
-    completed at the end of the backward pass (ResNet-50 on the test cluster). hvd.init() gives
-    two, whatever the intra-op threads (HPCREP_THREADS)."""
-    from hpcrep.tensorflow.basics import INTER_OP_THREADS
+    newest first, the last layers' last, so the overlapped graph overlaps on paper only: every
+    bucket completed at the end of the backward pass (ResNet-50 on the test cluster). So a rank
+    gets two where its node has a core to spare, one where ranks already take every core (where
+    a second only competes with the communication thread), and what HPCREP_INTER_OP_THREADS
+    says when it is set."""
+    from hpcrep.tensorflow.basics import inter_op_threads, threads_per_rank
 
-    assert INTER_OP_THREADS >= 2
-    assert tf.config.threading.get_inter_op_parallelism_threads() == INTER_OP_THREADS
+    at_init = os.environ.get("HPCREP_INTER_OP_THREADS")
+    monkeypatch.delenv("HPCREP_INTER_OP_THREADS", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    intra = threads_per_rank()
+    automatic = inter_op_threads(intra)
+    assert automatic == (2 if cores > hc.local_size() * intra else 1)
+    assert inter_op_threads(cores) == 1              # ranks x threads >= cores: none spare
+    # What hvd.init() configured (the runtime's pools are fixed from then on).
+    assert tf.config.threading.get_inter_op_parallelism_threads() == int(at_init or automatic)
+    monkeypatch.setenv("HPCREP_INTER_OP_THREADS", "3")
+    assert inter_op_threads(intra) == 3
 
 
 def test_mismatch_on_the_compiled_path_raises_on_every_rank(compiled):

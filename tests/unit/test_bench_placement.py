@@ -24,7 +24,10 @@ def test_default_cores_per_rank_fits_the_largest_rank_count():
 
 
 def test_thread_env_sets_hpcrep_threads_and_refuses_zero():
-    assert thread_env(3) == {"HPCREP_THREADS": "3", "OMP_NUM_THREADS": "3"}
+    assert thread_env(3) == {"HPCREP_THREADS": "3", "OMP_NUM_THREADS": "3",
+                             "HPCREP_INTER_OP_THREADS": "2"}
+    # One core per rank: one inter-op thread too, whatever the machine has spare.
+    assert thread_env(1)["HPCREP_INTER_OP_THREADS"] == "1"
     with pytest.raises(ValueError, match="at least 1"):
         thread_env(0)
 
