@@ -12,18 +12,9 @@ PY=${PYTHON:-python3}
 VENV=.venv
 APT_PACKAGES="openmpi-bin libopenmpi-dev g++ dataset-fashion-mnist ${HPCREP_APT_EXTRA:-}"
 
-missing_apt=()
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  for p in $APT_PACKAGES; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing_apt+=("$p")
-  done
-  if [ ${#missing_apt[@]} -gt 0 ]; then
-    echo "install: apt-get install ${missing_apt[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing_apt[@]}" >/dev/null
-  fi
-fi
+source tools/apt.sh
+# shellcheck disable=SC2086  # the list is split into packages on purpose
+apt_install_missing install $APT_PACKAGES
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "install: creating $VENV with $($PY --version)"

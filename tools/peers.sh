@@ -14,6 +14,7 @@
 # when nothing changed it exits at once. About 5 minutes on 2 cores the first time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/apt.sh
 VENV=.venv-peers
 HOROVOD_VERSION=0.28.1
 RECIPE=1  # bump when the build below changes, so built trees are rebuilt
@@ -41,18 +42,7 @@ fi
 rm -f "$STAMP"
 
 # A C++ toolchain, CMake and MPI headers (root only; otherwise they must be there already).
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  missing=()
-  for p in cmake g++ openmpi-bin libopenmpi-dev; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "peers: apt-get install ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
-fi
+apt_install_missing peers cmake g++ openmpi-bin libopenmpi-dev
 for tool in cmake g++ mpicxx; do
   command -v "$tool" >/dev/null || { echo "peers: $tool not found (as root, make peers installs it)" >&2; exit 1; }
 done

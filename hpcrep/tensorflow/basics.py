@@ -12,6 +12,12 @@ from hpcrep.tensorflow import native
 from hpcrep.tensorflow.devices import pin_gpu
 
 
+def usable_cores() -> int:
+    """Return the cores this process may run on (its CPU affinity where known). Local."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
 def threads_per_rank() -> int:
     """Return the intra-op threads each rank should use: ``HPCREP_THREADS`` or cores // local ranks.
 
@@ -20,10 +26,7 @@ def threads_per_rank() -> int:
     wanted = config.get("HPCREP_THREADS")
     if wanted > 0:
         return wanted
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // comm.local_size())
-
-
+    return max(1, usable_cores() // comm.local_size())
 
 
 def inter_op_threads(intra: int) -> int:
@@ -33,8 +36,7 @@ def inter_op_threads(intra: int) -> int:
     wanted = config.get("HPCREP_INTER_OP_THREADS")
     if wanted > 0:
         return wanted
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return 2 if (cores or 1) > comm.local_size() * intra else 1
+    return 2 if usable_cores() > comm.local_size() * intra else 1
 
 
 def configure_threads() -> bool:
