@@ -10,6 +10,8 @@ the backward pass, side by side in one MPI job.
 - ``hpcrep_python``: the same with ``HPCREP_NATIVE=off`` (the Python path);
 - ``hpcrep_fp16``: the defaults with ``compression=hvd.Compression.fp16`` (half the bytes on the
   wire, overlapped the same way);
+- ``hpcrep_no_chunk``: the defaults with ``HPCREP_ALLREDUCE_CHUNK=0`` (each bucket in one
+  ``MPI_Allreduce`` instead of pieces of at most 4 MiB);
 - ``horovod``: ``horovod.tensorflow.grouped_allreduce`` of the gradients (its
   ``DistributedGradientTape`` fails on Keras 3 variables), when ``make peers`` has built Horovod
   into ``.venv-peers``.
@@ -20,6 +22,9 @@ has run, its background thread slows every step in the process (the unsynchronis
 In each job the variants take turns within each repetition; each figure is the median over
 repetitions of the slowest rank's mean step time. Efficiency is the variant's throughput over
 its own job's ``nosync``. Every rank runs ``HPCREP_THREADS`` TensorFlow threads (default 1).
+The forward pass alone is timed too: no exchange can start before the backward pass does, so
+with a link cap the step takes at least the forward pass plus the exchange's time on the wire
+(``bench.cluster.allreduce_lower_bound_ms``); the report gives that ceiling on efficiency.
 Writes ``DIR/overlap.json`` and ``DIR/overlap.md``.
 """
 
@@ -72,8 +77,19 @@ def _variants(model: Any, images: Any, labels: Any, group: str) -> dict[str, Cal
             hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
         "hpcrep_fp16": optimizer_step(hvd.DistributedOptimizer(
             keras.optimizers.SGD(0.001), compression=hvd.Compression.fp16)),
+        "hpcrep_no_chunk": with_env("HPCREP_ALLREDUCE_CHUNK", "0", optimizer_step(
+            hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
     })
     return out
+
+
+def _forward(model: Any, images: Any, labels: Any) -> Callable[[], Any]:
+    """The step's forward pass and loss alone (no gradients). Local."""
+    import keras  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return tf.function(lambda: loss_fn(labels, model(images, training=True)))
 
 
 def _horovod_step(model: Any, images: Any, labels: Any, loss_fn: Any) -> Callable[[], Any]:
@@ -118,6 +134,8 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
     model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
                                         classifier_activation=None)
     variants = _variants(model, images, labels, group)
+    if group == "hpcrep":
+        variants["forward"] = _forward(model, images, labels)
     for fn in variants.values():  # trace and warm up
         fn()
         fn().numpy()
@@ -151,7 +169,8 @@ def render_markdown(report: dict) -> str:
              f"{report['machine']}. {report['native']}.", "",
              "| job | variant | step ms | throughput / the job's nosync |", "|---|---|---:|---:|"]
     for name, ms in report["step_ms"].items():
-        lines.append(f"| hpcrep | {name} | {ms:.0f} | {base / ms:.2f} |")
+        if name != "forward":
+            lines.append(f"| hpcrep | {name} | {ms:.0f} | {base / ms:.2f} |")
     peer = report.get("horovod_job", {})
     if "step_ms" in peer:
         peer_base = peer["step_ms"]["nosync"]
@@ -160,6 +179,7 @@ def render_markdown(report: dict) -> str:
     lines += ["", f"Gradients: {report['gradient_bytes'] / 1e6:.1f} MB per step. Each figure is "
               f"the median over {report['reps']} repetitions (variants interleaved) of the "
               f"slowest rank's mean over {report['steps']} steps."]
+    lines += _ceiling(report)
     if "step_ms" in peer:
         lines += ["", "Horovod ran in a job of its own: once started, its background thread "
                   "slows every step in its process, its nosync included (here "
@@ -167,6 +187,26 @@ def render_markdown(report: dict) -> str:
     elif peer:
         lines += ["", f"Horovod: {peer.get('status')}; {peer.get('how_to_build', '')}"]
     return "\n".join(lines) + "\n"
+
+
+def _ceiling(report: dict) -> list[str]:
+    """Markdown lines: the efficiency a perfectly overlapped exchange could reach under the link
+    cap (forward pass, then the exchange at the link's rate), for float32 and float16."""
+    cluster, forward = report.get("cluster") or {}, report["step_ms"].get("forward")
+    if not cluster.get("nodes") or cluster.get("link", "uncapped") == "uncapped" or not forward:
+        return []
+    from bench.cluster import allreduce_lower_bound_ms  # noqa: PLC0415
+
+    base, nbytes = report["step_ms"]["nosync"], report["gradient_bytes"]
+    lines = ["", f"Ceiling: the forward pass alone takes {forward:.0f} ms, and no bucket leaves "
+             "before the backward pass starts. A step therefore takes at least the forward pass "
+             f"plus the exchange on the {cluster['link']} link:"]
+    for label, size in (("float32", nbytes), ("float16 (Compression.fp16)", nbytes // 2)):
+        wire = allreduce_lower_bound_ms(size, cluster["nodes"], cluster["link"])
+        floor = max(base, forward + wire)
+        lines.append(f"- {label}: {wire:.0f} ms on the wire, so at least {floor:.0f} ms, an "
+                     f"efficiency of at most {base / floor:.2f};")
+    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -76,6 +76,16 @@ def _hierarchical(target: Any) -> bool:
             and bool(config.get("HPCREP_HIERARCHICAL_ALLREDUCE")))
 
 
+def chunks(count: int, itemsize: int, chunk_bytes: int) -> list[slice]:
+    """Return the consecutive pieces, of at most ``chunk_bytes`` (``HPCREP_ALLREDUCE_CHUNK``; 0
+    or less: no limit), in which a buffer of ``count`` items is allreduced. The compiled op cuts
+    buffers the same way (``AllreduceLarge`` in hpcrep/tensorflow/native/hpcrep_ops.cc), so both
+    paths give the same bits. Local."""
+    per = max(1, chunk_bytes // itemsize) if chunk_bytes > 0 else max(count, 1)
+    pieces = [slice(start, min(start + per, count)) for start in range(0, count, per)]
+    return pieces or [slice(0, 0)]
+
+
 def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical: bool) -> None:
     """Reduce ``buf`` across ``target``'s ranks in place: one flat ``MPI_Allreduce``, or
     hierarchically, sending one copy of the buffer per node over the network instead of one per
@@ -91,7 +101,12 @@ def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical
 
     _, recvbuf, mpi_op = mpi_reduce_args(buf, op)
     if not hierarchical:
-        target.comm.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
+        if not buf.flags.c_contiguous:
+            target.comm.Allreduce(MPI.IN_PLACE, recvbuf, op=mpi_op)
+            return
+        flat, mpi_type = buf.reshape(-1), recvbuf[1]  # a view: reduced in place
+        for piece in chunks(flat.size, flat.itemsize, config.get("HPCREP_ALLREDUCE_CHUNK")):
+            target.comm.Allreduce(MPI.IN_PLACE, [flat[piece], mpi_type], op=mpi_op)
         return
     local, cross, mpi_type = target.local, target.cross, recvbuf[1]
     if target.widest_node == target.narrowest_node:

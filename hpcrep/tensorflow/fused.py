@@ -165,7 +165,8 @@ def _native_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: floa
             members, engine=engine, reduce_op=native.REDUCE_KINDS[op.name],
             prescale_bits=native.bits(prescale), postscale_bits=native.bits(postscale),
             signature=check.signature_hash(signature),
-            description=_describe(tensors, group, op, name), name="hpcrep_allreduce_enqueue")
+            description=_describe(tensors, group, op, name),
+            chunk_bytes=int(config.get("HPCREP_ALLREDUCE_CHUNK")), name="hpcrep_allreduce_enqueue")
         flat = _wait(handle, members[0].dtype, -1 if bucket is None else bucket.length)
         if bucket is not None:
             _split_static(bucket, flat, tensors, out)

@@ -73,6 +73,30 @@ def test_compiled_path_gives_the_python_paths_bits(compiled, dtype, op):
     assert_bitwise_equal_across_ranks(native_out)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+def test_buffers_beyond_the_chunk_size_give_the_same_bits_on_both_paths(compiled, dtype):
+    """HPCREP_ALLREDUCE_CHUNK cuts a fused buffer into several MPI_Allreduce calls at the same
+    element boundaries on both paths (here 200 bytes: dozens of pieces, the last one short):
+    the same bits on both, equal on every rank, and the sums right."""
+    r, n = compiled
+    rng = np.random.default_rng(7 + r)
+    values = [rng.normal(size=shape) * 3 for shape in ((1000,), (37, 11), (5,))]
+    tensors = [tf.cast(tf.constant(v), dtype) for v in values]
+    with setting("HPCREP_ALLREDUCE_CHUNK", "200"):
+        native_out, python_out = both_paths(
+            lambda *ts: hvd.grouped_allreduce(list(ts), op=hvd.Sum), *tensors)
+    everyone = hc.allgather_object([t.numpy().astype(np.float64) for t in tensors])
+    for i, (a, b) in enumerate(zip(native_out, python_out)):
+        np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+        expected = sum(rank_values[i] for rank_values in everyone)
+        if dtype == "int64":
+            np.testing.assert_array_equal(a, expected.astype(np.int64))
+        else:
+            np.testing.assert_allclose(a.astype(np.float64), expected,
+                                       rtol=1e-2 if dtype == "float16" else 1e-5, atol=0.05)
+    assert_bitwise_equal_across_ranks(native_out)
+
+
 def test_scale_factors_and_integer_average_match(compiled):
     r, n = compiled
     x = tf.constant([3 * r + 1, -r - 1, 7], tf.int64)

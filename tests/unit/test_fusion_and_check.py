@@ -55,3 +55,13 @@ def test_hash_ignores_names_but_not_shapes():
     b = ("allreduce", (), (("y", "float32", (3,)),))
     c = ("allreduce", (), (("x", "float32", (4,)),))
     assert check.signature_hash(a) == check.signature_hash(b) != check.signature_hash(c)
+
+
+def test_chunks_cut_buffers_at_the_chunk_size_and_cover_every_item():
+    from hpcrep.comm.collectives import chunks
+
+    pieces = chunks(1000, 4, 1024)  # 256 items each, the last one short
+    assert [(p.start, p.stop) for p in pieces] == [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    assert [(p.start, p.stop) for p in chunks(1000, 4, 0)] == [(0, 1000)]  # 0: no limit
+    assert [(p.start, p.stop) for p in chunks(3, 8, 4)] == [(0, 1), (1, 2), (2, 3)]  # >= 1 item
+    assert len(chunks(0, 4, 1024)) == 1  # an empty buffer still takes part, once

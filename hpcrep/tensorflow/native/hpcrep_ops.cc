@@ -199,6 +199,7 @@ struct Request {
   int kind = kSum;
   double postscale = 1.0;
   int64_t signature = 0;
+  int64_t chunk_bytes = 0;  // largest single MPI_Allreduce (HPCREP_ALLREDUCE_CHUNK); 0: no limit
   std::string description;
   Tensor buffer;  // packed, pre-scaled; reduced in place
   int64_t length = 0;
@@ -503,7 +504,7 @@ class Engine {
     MPI_Op op = MpiOp(first.dtype, first.kind);
     if (size_ == 1) return Status();
     if (j == i + 1) {
-      int rc = AllreduceLarge(first.buffer.data(), first.length, info, op);
+      int rc = AllreduceLarge(first.buffer.data(), first.length, info, op, first.chunk_bytes);
       return rc == MPI_SUCCESS ? Status() : tensorflow::errors::Internal("hpcrep: MPI error ", rc);
     }
     int64_t total = 0;
@@ -515,7 +516,7 @@ class Engine {
       std::memcpy(p, batch[k]->buffer.data(), batch[k]->buffer.TotalBytes());
       p += batch[k]->buffer.TotalBytes();
     }
-    int rc = AllreduceLarge(scratch_.data(), total, info, op);
+    int rc = AllreduceLarge(scratch_.data(), total, info, op, first.chunk_bytes);
     p = scratch_.data();
     for (size_t k = i; k < j; ++k) {
       std::memcpy(batch[k]->buffer.data(), p, batch[k]->buffer.TotalBytes());
@@ -524,9 +525,13 @@ class Engine {
     return rc == MPI_SUCCESS ? Status() : tensorflow::errors::Internal("hpcrep: MPI error ", rc);
   }
 
-  // MPI counts are ints: reduce more than 2^31 - 1 elements in pieces.
-  int AllreduceLarge(void* data, int64_t count, const TypeInfo& info, MPI_Op op) {
-    const int64_t kPiece = std::numeric_limits<int>::max() / 2;
+  // Reduce in consecutive pieces of at most chunk_bytes (0: no limit), cut as the Python path
+  // cuts them (hpcrep.comm.collectives.chunks), so both give the same bits; and at most 2^30
+  // elements, since MPI counts are ints.
+  int AllreduceLarge(void* data, int64_t count, const TypeInfo& info, MPI_Op op,
+                     int64_t chunk_bytes) {
+    int64_t kPiece = std::numeric_limits<int>::max() / 2;
+    if (chunk_bytes > 0) kPiece = std::min(kPiece, std::max<int64_t>(1, chunk_bytes / info.itemsize));
     char* p = static_cast<char*>(data);
     for (int64_t done = 0; done < count; done += kPiece) {
       int n = static_cast<int>(std::min(kPiece, count - done));
@@ -616,6 +621,7 @@ class EnqueueOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("postscale_bits", &post_bits_));
     OP_REQUIRES_OK(c, c->GetAttr("signature", &signature_));
     OP_REQUIRES_OK(c, c->GetAttr("description", &description_));
+    OP_REQUIRES_OK(c, c->GetAttr("chunk_bytes", &chunk_bytes_));
   }
 
   // Cheap (a copy into the request's buffer): the executor runs it inline, in the thread that
@@ -649,6 +655,7 @@ class EnqueueOp : public OpKernel {
       sig = (sig * 1000003ull) ^ static_cast<uint64_t>(ctx->input(i).NumElements());
     request->signature = static_cast<int64_t>(sig);
     request->description = description_;
+    request->chunk_bytes = chunk_bytes_;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(dtype_, TensorShape({length}), &request->buffer));
     char* base = static_cast<char*>(request->buffer.data());
     int64_t offset = 0;
@@ -680,6 +687,7 @@ class EnqueueOp : public OpKernel {
   int kind_;
   int64_t pre_bits_, post_bits_, signature_;
   std::string description_;
+  int64_t chunk_bytes_ = 0;
 };
 
 class WaitOp : public AsyncOpKernel {
@@ -742,6 +750,7 @@ REGISTER_OP("HpcrepAllreduceEnqueue")
     .Attr("postscale_bits: int")
     .Attr("signature: int")
     .Attr("description: string")
+    .Attr("chunk_bytes: int = 0")  // HPCREP_ALLREDUCE_CHUNK when the function traced
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
