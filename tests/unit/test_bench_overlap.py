@@ -15,7 +15,8 @@ def _report(**extra):
 def test_ceiling_is_forward_pass_plus_the_exchange_at_the_link_rate():
     text = render_markdown(_report(cluster={"nodes": 2, "link": "2gbit"}))
     # 2 nodes: each link carries the 100 MB once, 400 ms at 250 MB/s; 150 + 400 = 550 ms
-    assert "- float32: 400 ms on the wire, so at least 550 ms, an efficiency of at most 0.91" in text
+    assert ("- float32: 400 ms on the wire, so at least 550 ms, an efficiency of at most 0.91"
+            in text)
     # half the bytes fit behind the backward pass: nosync itself is the floor
     assert "- float16 (Compression.fp16): 200 ms on the wire, so at least 500 ms" in text
     assert "| hpcrep | hpcrep | 625 | 0.80 |" in text
