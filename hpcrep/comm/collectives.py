@@ -87,7 +87,9 @@ def chunks(count: int, itemsize: int, chunk_bytes: int) -> list[slice]:
 
 
 def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical: bool) -> None:
-    """Reduce ``buf`` across ``target``'s ranks in place: one flat ``MPI_Allreduce``, or
+    """Reduce ``buf`` across ``target``'s ranks in place: flat, in pieces (:func:`chunks`) of
+    ``MPI_Allreduce`` within one node and of ``MPI_Iallreduce`` across nodes, as the compiled path
+    does (so both give the same bits), or
     hierarchically, sending one copy of the buffer per node over the network instead of one per
     rank. With the same number of ranks on every node, the node's ranks reduce-scatter the
     buffer through shared memory, each allreduces its share with the ranks of the same local
@@ -106,7 +108,10 @@ def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical
             return
         flat, mpi_type = buf.reshape(-1), recvbuf[1]  # a view: reduced in place
         for piece in chunks(flat.size, flat.itemsize, config.get("HPCREP_ALLREDUCE_CHUNK")):
-            target.comm.Allreduce(MPI.IN_PLACE, [flat[piece], mpi_type], op=mpi_op)
+            if target.nodes > 1:  # the compiled path's algorithm there: see its AllreduceLarge
+                target.comm.Iallreduce(MPI.IN_PLACE, [flat[piece], mpi_type], op=mpi_op).Wait()
+            else:
+                target.comm.Allreduce(MPI.IN_PLACE, [flat[piece], mpi_type], op=mpi_op)
         return
     local, cross, mpi_type = target.local, target.cross, recvbuf[1]
     if target.widest_node == target.narrowest_node:

@@ -77,7 +77,7 @@ def _load() -> tuple[Any, Any, Optional[str]]:
         return None, None, f"it failed to load ({error}); rebuild it"
     lib.hpcrep_native_register.restype = ctypes.c_int64
     lib.hpcrep_native_register.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
-                                           ctypes.c_int]
+                                           ctypes.c_int, ctypes.c_int]
     lib.hpcrep_native_unregister.argtypes = [ctypes.c_int64]
     lib.hpcrep_native_begin_join.argtypes = [ctypes.c_int64]
     lib.hpcrep_native_join_pending.argtypes = [ctypes.c_int64]
@@ -147,7 +147,8 @@ def engine(communicator: Any) -> int:
     engine_id = lib.hpcrep_native_register(MPI._handleof(dup),
                                            int(bool(config.get("HPCREP_CHECK_COLLECTIVES"))),
                                            int(config.get("HPCREP_FUSION_THRESHOLD")),
-                                           int(config.get("HPCREP_NATIVE_SPIN_US")))
+                                           int(config.get("HPCREP_NATIVE_SPIN_US")),
+                                           int(communicator.nodes > 1))
     with _lock:
         if not _engines:
             world.at_shutdown(shutdown)
