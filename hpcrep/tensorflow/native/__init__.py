@@ -148,7 +148,7 @@ def engine(communicator: Any) -> int:
                                            int(bool(config.get("HPCREP_CHECK_COLLECTIVES"))),
                                            int(config.get("HPCREP_FUSION_THRESHOLD")),
                                            int(config.get("HPCREP_NATIVE_SPIN_US")),
-                                           int(communicator.nodes > 1))
+                                           int(collectives.nonblocking(communicator)))
     with _lock:
         if not _engines:
             world.at_shutdown(shutdown)
