@@ -22,9 +22,12 @@ has run, its background thread slows every step in the process (the unsynchronis
 In each job the variants take turns within each repetition; each figure is the median over
 repetitions of the slowest rank's mean step time. Efficiency is the variant's throughput over
 its own job's ``nosync``. Every rank runs ``HPCREP_THREADS`` TensorFlow threads (default 1).
-The forward pass alone is timed too: no exchange can start before the backward pass does, so
-with a link cap the step takes at least the forward pass plus the exchange's time on the wire
-(``bench.cluster.allreduce_lower_bound_ms``); the report gives that ceiling on efficiency.
+Three probes are timed alongside, for the ceilings on efficiency the report gives: the forward
+pass alone, and the exchange alone (float32 and float16). No exchange can start before the
+backward pass does, so with a link cap a step takes at least the forward pass plus the exchange's
+time on the wire (``bench.cluster.allreduce_lower_bound_ms``). And every variant's machine CPU
+per step is measured (``bench.timing.machine_busy_seconds``): where the ranks leave no core to
+spare, a step takes at least nosync's CPU plus the exchange's, over the cores.
 Writes ``DIR/overlap.json`` and ``DIR/overlap.md``.
 """
 
@@ -79,10 +82,30 @@ def _variants(model: Any, images: Any, labels: Any, group: str) -> dict[str, Cal
             keras.optimizers.SGD(0.001), compression=hvd.Compression.fp16)),
         "hpcrep_no_chunk": with_env("HPCREP_ALLREDUCE_CHUNK", "0", optimizer_step(
             hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
-        # the forward pass and loss alone, for the report's ceiling (not a training step)
+        # for the report's ceilings, not training steps: the forward pass and loss alone, and
+        # the exchange alone (the gradients' bytes through the same engine, no compute)
         "forward": tf.function(lambda: loss_fn(labels, model(images, training=True))),
+        "exchange": _exchange_step(variables, hvd.Compression.none),
+        "exchange_fp16": _exchange_step(variables, hvd.Compression.fp16),
     })
     return out
+
+
+def _exchange_step(variables: Sequence[Any], compression: Any) -> Callable[[], Any]:
+    """A compiled step that only averages tensors shaped like ``variables``' gradients, one
+    grouped allreduce as the optimizer's exchange would, and returns a scalar that depends on
+    every result. Collective."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+    grads = [tf.ones(v.shape, v.dtype) for v in variables]
+
+    @tf.function
+    def exchange() -> Any:
+        averaged = hvd.grouped_allreduce(grads, compression=compression)
+        return tf.add_n([tf.reshape(g, [-1])[0] for g in averaged])
+    return exchange
 
 
 def _horovod_step(model: Any, images: Any, labels: Any, loss_fn: Any) -> Callable[[], Any]:
@@ -117,6 +140,7 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
     from hpcrep.tensorflow import native  # noqa: PLC0415
 
+    from bench.timing import busy_seconds_between, machine_busy_seconds  # noqa: PLC0415
     from hpcrep import comm as hcomm  # noqa: PLC0415
 
     hvd.init()
@@ -131,17 +155,25 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
         fn()
         fn().numpy()
     times: dict[str, list[float]] = {k: [] for k in variants}
+    busy: dict[str, list[float]] = {k: [] for k in variants}
+    cores = 0
     for _ in range(reps):
         for name, fn in variants.items():
             comm.Barrier()
+            before = machine_busy_seconds()
             start = time.perf_counter()
             for _ in range(steps):
                 loss = fn()
             loss.numpy()
             elapsed = (time.perf_counter() - start) / steps
+            comm.Barrier()
+            seconds, cores = busy_seconds_between(comm, before, machine_busy_seconds())
             times[name].append(max(comm.allgather(elapsed)))
+            busy[name].append(seconds / steps)
     grads_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     return {"step_ms": {k: float(np.median(v)) * 1e3 for k, v in times.items()},
+            "busy_cpu_ms": {k: float(np.median(v)) * 1e3 for k, v in busy.items()} if cores
+            else {}, "cores": cores,
             "all_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
             "ranks": hvd.size(), "hosts": sorted(set(comm.allgather(platform.node()))),
             "threads": tf.config.threading.get_intra_op_parallelism_threads(),
@@ -149,27 +181,42 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
             "image_size": image_size, "batch": batch, "steps": steps, "reps": reps}
 
 
+PROBES = ("forward", "exchange", "exchange_fp16")  # timed for the ceilings, not training steps
+
+
 def render_markdown(report: dict) -> str:
-    """Return the report as a Markdown table (efficiency = throughput / nosync's)."""
-    base = report["step_ms"]["nosync"]
+    """Return the report as Markdown: the training steps' table (efficiency = throughput /
+    nosync's), the probes and the ceilings they give."""
+    base, busy = report["step_ms"]["nosync"], report.get("busy_cpu_ms") or {}
     lines = [f"# Overlap benchmark ({report['date']})", "",
              f"ResNet-50 {report['image_size']}x{report['image_size']}, batch {report['batch']} "
              f"per rank, {report['ranks']} ranks on {', '.join(report['hosts'])}, "
              f"{report['threads']} TensorFlow thread(s) per rank; "
              f"{report.get('cluster', {}).get('link', 'no link cap')}; machine: "
              f"{report['machine']}. {report['native']}.", "",
-             "| job | variant | step ms | throughput / the job's nosync |", "|---|---|---:|---:|"]
+             "| job | variant | step ms | machine CPU ms per step | throughput / the job's "
+             "nosync |", "|---|---|---:|---:|---:|"]
+
+    def cpu(figures: dict, name: str) -> str:
+        return f"{figures[name]:.0f}" if name in figures else "-"
     for name, ms in report["step_ms"].items():
-        if name != "forward":
-            lines.append(f"| hpcrep | {name} | {ms:.0f} | {base / ms:.2f} |")
+        if name not in PROBES:
+            lines.append(f"| hpcrep | {name} | {ms:.0f} | {cpu(busy, name)} | {base / ms:.2f} |")
     peer = report.get("horovod_job", {})
     if "step_ms" in peer:
-        peer_base = peer["step_ms"]["nosync"]
+        peer_base, peer_busy = peer["step_ms"]["nosync"], peer.get("busy_cpu_ms") or {}
         for name, ms in peer["step_ms"].items():
-            lines.append(f"| horovod | {name} | {ms:.0f} | {peer_base / ms:.2f} |")
+            lines.append(f"| horovod | {name} | {ms:.0f} | {cpu(peer_busy, name)} | "
+                         f"{peer_base / ms:.2f} |")
     lines += ["", f"Gradients: {report['gradient_bytes'] / 1e6:.1f} MB per step. Each figure is "
               f"the median over {report['reps']} repetitions (variants interleaved) of the "
-              f"slowest rank's mean over {report['steps']} steps."]
+              f"slowest rank's mean over {report['steps']} steps. Machine CPU: the busy time of "
+              f"every core of the job's machines (/proc/stat, kernel network work included; "
+              f"{report.get('cores') or '?'} cores in all)."]
+    probes = [f"{name} {report['step_ms'][name]:.0f} ms ({cpu(busy, name)} ms of CPU)"
+              for name in PROBES if name in report["step_ms"]]
+    if probes:
+        lines += ["", "Timed alone, not training steps: " + "; ".join(probes) + "."]
     lines += _ceiling(report)
     if "step_ms" in peer:
         lines += ["", "Horovod ran in a job of its own: once started, its background thread "
@@ -181,23 +228,50 @@ def render_markdown(report: dict) -> str:
 
 
 def _ceiling(report: dict) -> list[str]:
-    """Markdown lines: the efficiency a perfectly overlapped exchange could reach under the link
-    cap (forward pass, then the exchange at the link's rate), for float32 and float16."""
-    cluster, forward = report.get("cluster") or {}, report["step_ms"].get("forward")
-    if not cluster.get("nodes") or cluster.get("link", "uncapped") == "uncapped" or not forward:
-        return []
-    from bench.cluster import allreduce_lower_bound_ms  # noqa: PLC0415
+    """Markdown lines: the efficiency a perfectly overlapped exchange could reach, float32 and
+    float16, from two lower bounds on a step.
 
-    base, nbytes = report["step_ms"]["nosync"], report["gradient_bytes"]
-    lines = ["", f"Ceiling: the forward pass alone takes {forward:.0f} ms, and no bucket leaves "
-             "before the backward pass starts. A step therefore takes at least the forward pass "
-             f"plus the exchange on the {cluster['link']} link:"]
-    for label, size in (("float32", nbytes), ("float16 (Compression.fp16)", nbytes // 2)):
-        wire = allreduce_lower_bound_ms(size, cluster["nodes"], cluster["link"])
-        floor = max(base, forward + wire)
-        lines.append(f"- {label}: {wire:.0f} ms on the wire, so at least {floor:.0f} ms, an "
-                     f"efficiency of at most {base / floor:.2f};")
-    return lines
+    - The wire (under a link cap): no bucket leaves before the backward pass starts, so a step
+      takes at least the forward pass plus the exchange at the link's rate
+      (``bench.cluster.allreduce_lower_bound_ms``).
+    - The CPU: the job's cores must do the unsynchronised step's work plus the exchange's (both
+      measured as machine CPU per step), so a step takes at least their sum over the cores. It
+      binds where the ranks leave no core to spare, as on the test cluster, whose nodes share
+      this machine's cores.
+    """
+    steps, busy, cores = report["step_ms"], report.get("busy_cpu_ms") or {}, report.get("cores")
+    cluster, forward = report.get("cluster") or {}, steps.get("forward")
+    capped = bool(cluster.get("nodes")) and cluster.get("link", "uncapped") != "uncapped"
+    base, nbytes = steps["nosync"], report["gradient_bytes"]
+    rows = []
+    for label, size, probe in (("float32", nbytes, "exchange"),
+                               ("float16 (Compression.fp16)", nbytes // 2, "exchange_fp16")):
+        wire_floor = cpu_floor = None
+        if capped and forward:
+            from bench.cluster import allreduce_lower_bound_ms  # noqa: PLC0415
+
+            wire_floor = forward + allreduce_lower_bound_ms(size, cluster["nodes"],
+                                                            cluster["link"])
+        if cores and "nosync" in busy and probe in busy:
+            cpu_floor = (busy["nosync"] + busy[probe]) / cores
+        if wire_floor is None and cpu_floor is None:
+            continue
+        floor = max(base, wire_floor or 0.0, cpu_floor or 0.0)
+        rows.append(f"| {label} | {_ms(wire_floor)} | {_ms(cpu_floor)} | {base / floor:.2f} |")
+    if not rows:
+        return []
+    return ["", "Ceilings: the least time a step can take with the exchange perfectly "
+            "overlapped. Wire: the forward pass "
+            f"({_ms(forward)} ms) plus the exchange at the link's rate, since no bucket leaves "
+            "before the backward pass starts. CPU: nosync's machine CPU plus the exchange's "
+            f"(timed alone), over the {cores or '?'} cores; it binds where the ranks leave no "
+            "core to spare (the test cluster's nodes share this machine's cores).", "",
+            "| gradients | wire floor ms | CPU floor ms | efficiency at most |",
+            "|---|---:|---:|---:|", *rows]
+
+
+def _ms(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

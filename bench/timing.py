@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Callable, Optional
@@ -101,3 +102,36 @@ class Stopwatch:
         """Return the accumulated seconds and reset to zero."""
         value, self.seconds = self.seconds, 0.0
         return value
+
+
+def machine_busy_seconds() -> tuple[str, float, int]:
+    """Return this machine's identity (its kernel's boot id), the CPU seconds its cores have
+    spent busy since boot (``/proc/stat``: user, nice, system, irq, softirq and steal, so the
+    kernel's network work counts too) and its core count. Network namespaces on one machine (the
+    test cluster's nodes) share all three. ``("", 0.0, 0)`` where ``/proc`` has no such files.
+    Local."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return "", 0.0, 0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    busy = user + nice + system + irq + softirq + steal
+    return boot_id, busy / os.sysconf("SC_CLK_TCK"), os.cpu_count() or 0
+
+
+def busy_seconds_between(comm: object, before: tuple[str, float, int],
+                         after: tuple[str, float, int]) -> tuple[float, int]:
+    """Return the CPU seconds every machine in the job spent busy between two
+    :func:`machine_busy_seconds` readings, summed over distinct machines (ranks that share a
+    machine count it once), and those machines' total core count. ``(0.0, 0)`` if some rank
+    could not read them. Collective over ``comm`` (an mpi4py communicator)."""
+    readings = comm.allgather((after[0] if after[0] == before[0] else "",
+                               after[1] - before[1], after[2]))
+    if any(not machine for machine, _, _ in readings):
+        return 0.0, 0
+    machines = {machine: (busy, cores) for machine, busy, cores in readings}
+    return (sum(busy for busy, _ in machines.values()),
+            sum(cores for _, cores in machines.values()))
