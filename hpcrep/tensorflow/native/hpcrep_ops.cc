@@ -40,6 +40,9 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -341,6 +344,11 @@ class Engine {
   }
 
   void Loop() {
+#if defined(__linux__)
+    // Await's short sleeps (5 us and up) would otherwise last Linux's default timer slack, 50 us,
+    // longer than a small allreduce: a rank that arrives first would oversleep its partner.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+#endif
     std::vector<int64_t> control(3 + 2 * kMaxBatch);
     while (true) {
       std::vector<std::shared_ptr<Request>> pending;
