@@ -244,8 +244,9 @@ def _ceiling(report: dict) -> list[str]:
     capped = bool(cluster.get("nodes")) and cluster.get("link", "uncapped") != "uncapped"
     base, nbytes = steps["nosync"], report["gradient_bytes"]
     rows = []
-    for label, size, probe in (("float32", nbytes, "exchange"),
-                               ("float16 (Compression.fp16)", nbytes // 2, "exchange_fp16")):
+    for label, size, probe, variant in (
+            ("float32", nbytes, "exchange", "hpcrep"),
+            ("float16 (Compression.fp16)", nbytes // 2, "exchange_fp16", "hpcrep_fp16")):
         wire_floor = cpu_floor = None
         if capped and forward:
             from bench.cluster import allreduce_lower_bound_ms  # noqa: PLC0415
@@ -257,7 +258,10 @@ def _ceiling(report: dict) -> list[str]:
         if wire_floor is None and cpu_floor is None:
             continue
         floor = max(base, wire_floor or 0.0, cpu_floor or 0.0)
-        rows.append(f"| {label} | {_ms(wire_floor)} | {_ms(cpu_floor)} | {base / floor:.2f} |")
+        reached = (f"{variant}: {base / steps[variant]:.2f}, {floor / steps[variant]:.2f} of the "
+                   "ceiling" if variant in steps else "-")
+        rows.append(f"| {label} | {_ms(wire_floor)} | {_ms(cpu_floor)} | {base / floor:.2f} | "
+                    f"{reached} |")
     if not rows:
         return []
     return ["", "Ceilings: the least time a step can take with the exchange perfectly "
@@ -266,8 +270,8 @@ def _ceiling(report: dict) -> list[str]:
             "before the backward pass starts. CPU: nosync's machine CPU plus the exchange's "
             f"(timed alone), over the {cores or '?'} cores; it binds where the ranks leave no "
             "core to spare (the test cluster's nodes share this machine's cores).", "",
-            "| gradients | wire floor ms | CPU floor ms | efficiency at most |",
-            "|---|---:|---:|---:|", *rows]
+            "| gradients | wire floor ms | CPU floor ms | efficiency at most | measured |",
+            "|---|---:|---:|---:|---|", *rows]
 
 
 def _ms(value: Optional[float]) -> str:

@@ -18,9 +18,9 @@ def _report(**extra):
 def test_wire_ceiling_is_forward_pass_plus_the_exchange_at_the_link_rate():
     text = render_markdown(_report(cluster={"nodes": 2, "link": "2gbit"}))
     # 2 nodes: each link carries the 100 MB once, 400 ms at 250 MB/s; 150 + 400 = 550 ms
-    assert "| float32 | 550 | - | 0.91 |" in text
+    assert "| float32 | 550 | - | 0.91 | hpcrep: 0.80, 0.88 of the ceiling |" in text
     # half the bytes fit behind the backward pass: nosync itself is the floor
-    assert "| float16 (Compression.fp16) | 350 | - | 1.00 |" in text
+    assert "| float16 (Compression.fp16) | 350 | - | 1.00 | - |" in text
     assert "| hpcrep | hpcrep | 625 | - | 0.80 |" in text
     assert "| hpcrep | forward |" not in text
 
@@ -33,9 +33,9 @@ def test_cpu_ceiling_is_nosync_plus_the_exchange_over_the_cores():
     text = render_markdown(_report(cluster={"nodes": 2, "link": "2gbit"}, busy_cpu_ms=busy,
                                    cores=2, step_ms=steps))
     # float32: wire 550, CPU (1000 + 250) / 2 = 625: the CPU binds, 500 / 625 = 0.80
-    assert "| float32 | 550 | 625 | 0.80 |" in text
+    assert "| float32 | 550 | 625 | 0.80 | hpcrep: 0.80, 1.00 of the ceiling |" in text
     # float16: wire 350 (below nosync), CPU (1000 + 150) / 2 = 575: 0.87
-    assert "| float16 (Compression.fp16) | 350 | 575 | 0.87 |" in text
+    assert "| float16 (Compression.fp16) | 350 | 575 | 0.87 | - |" in text
     assert "| hpcrep | hpcrep | 625 | 1150 | 0.80 |" in text
     assert "exchange 430 ms (250 ms of CPU)" in text
     assert "| hpcrep | exchange |" not in text
@@ -45,7 +45,7 @@ def test_cpu_ceiling_alone_without_a_link_cap():
     busy = {"nosync": 600.0, "exchange": 100.0}
     text = render_markdown(_report(busy_cpu_ms=busy, cores=4))
     # 4 cores, 700 ms of CPU: 175 ms, below nosync; nosync itself is the floor
-    assert "| float32 | - | 175 | 1.00 |" in text
+    assert "| float32 | - | 175 | 1.00 | hpcrep: 0.80, 0.80 of the ceiling |" in text
     assert "float16" not in text  # no float16 probe measured
 
 
