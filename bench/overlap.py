@@ -196,24 +196,22 @@ def render_markdown(report: dict) -> str:
              f"{report['machine']}. {report['native']}.", "",
              "| job | variant | step ms | machine CPU ms per step | throughput / the job's "
              "nosync |", "|---|---|---:|---:|---:|"]
-
-    def cpu(figures: dict, name: str) -> str:
-        return f"{figures[name]:.0f}" if name in figures else "-"
     for name, ms in report["step_ms"].items():
         if name not in PROBES:
-            lines.append(f"| hpcrep | {name} | {ms:.0f} | {cpu(busy, name)} | {base / ms:.2f} |")
+            lines.append(f"| hpcrep | {name} | {ms:.0f} | {_ms(busy.get(name))} | "
+                         f"{base / ms:.2f} |")
     peer = report.get("horovod_job", {})
     if "step_ms" in peer:
         peer_base, peer_busy = peer["step_ms"]["nosync"], peer.get("busy_cpu_ms") or {}
         for name, ms in peer["step_ms"].items():
-            lines.append(f"| horovod | {name} | {ms:.0f} | {cpu(peer_busy, name)} | "
+            lines.append(f"| horovod | {name} | {ms:.0f} | {_ms(peer_busy.get(name))} | "
                          f"{peer_base / ms:.2f} |")
     lines += ["", f"Gradients: {report['gradient_bytes'] / 1e6:.1f} MB per step. Each figure is "
               f"the median over {report['reps']} repetitions (variants interleaved) of the "
               f"slowest rank's mean over {report['steps']} steps. Machine CPU: the busy time of "
               f"every core of the job's machines (/proc/stat, kernel network work included; "
               f"{report.get('cores') or '?'} cores in all)."]
-    probes = [f"{name} {report['step_ms'][name]:.0f} ms ({cpu(busy, name)} ms of CPU)"
+    probes = [f"{name} {report['step_ms'][name]:.0f} ms ({_ms(busy.get(name))} ms of CPU)"
               for name in PROBES if name in report["step_ms"]]
     if probes:
         lines += ["", "Timed alone, not training steps: " + "; ".join(probes) + "."]
@@ -243,14 +241,14 @@ def _ceiling(report: dict) -> list[str]:
     cluster, forward = report.get("cluster") or {}, steps.get("forward")
     capped = bool(cluster.get("nodes")) and cluster.get("link", "uncapped") != "uncapped"
     base, nbytes = steps["nosync"], report["gradient_bytes"]
+    from bench.cluster import allreduce_lower_bound_ms  # noqa: PLC0415
+
     rows = []
     for label, size, probe, variant in (
             ("float32", nbytes, "exchange", "hpcrep"),
             ("float16 (Compression.fp16)", nbytes // 2, "exchange_fp16", "hpcrep_fp16")):
         wire_floor = cpu_floor = None
         if capped and forward:
-            from bench.cluster import allreduce_lower_bound_ms  # noqa: PLC0415
-
             wire_floor = forward + allreduce_lower_bound_ms(size, cluster["nodes"],
                                                             cluster["link"])
         if cores and "nosync" in busy and probe in busy:
@@ -275,6 +273,7 @@ def _ceiling(report: dict) -> list[str]:
 
 
 def _ms(value: Optional[float]) -> str:
+    """A figure in whole ms for the report, or '-' where it was not measured."""
     return "-" if value is None else f"{value:.0f}"
 
 
