@@ -7,8 +7,9 @@ name, a type, a default and a meaning; ``python -m hpcrep.config`` prints the ta
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hpcrep.errors import ConfigError
 
@@ -43,12 +44,20 @@ def _parse_bytes(text: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One ``HPCREP_*`` environment setting."""
+    """One ``HPCREP_*`` environment setting.
+
+    ``same_on_all_ranks`` marks a setting whose value must be equal on every rank: one that
+    changes which MPI calls a rank makes (a rank that plans other buckets or skips a check would
+    hang the job, or fail only when the stall watchdog fires), or what the ranks compute from
+    the same gradients. :func:`hpcrep.comm.init` checks these once, on every rank (see
+    :func:`agreed_values` and :func:`disagreement`).
+    """
 
     name: str
     parse: Callable[[str], Any]
     default: Any
     meaning: str
+    same_on_all_ranks: bool = False
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in [
@@ -57,17 +66,20 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "most this size (a larger tensor gets a buffer of its own). 0 disables packing. "
             "16 MiB, not Horovod's 64: on these machines ResNet-50's gradients reduce in 39 ms "
             "with 16 MiB buffers and 59 ms with 64 MiB ones (2 ranks; smaller buffers stay in "
-            "cache between the packing copy and the reduction)."),
+            "cache between the packing copy and the reduction).",
+            same_on_all_ranks=True),
     Setting("HPCREP_ALLREDUCE_CHUNK", _parse_bytes, 4 << 20,
             "Largest single MPI_Allreduce in bytes: a bigger buffer (a fusion buffer, a bucket, "
             "one large tensor) is reduced in consecutive pieces of at most this size, on both "
             "allreduce paths alike, so they give the same bits. 0 reduces each buffer in one "
             "call. 4 MiB: across the test cluster's 2 Gb/s TCP link Open MPI moved 102 MB in "
             "pieces of 6-51 MB at 140-160 MB/s, in pieces of at most 5 MB at 240 MB/s (the link "
-            "rate). Must be the same on every rank."),
+            "rate). Must be the same on every rank.",
+            same_on_all_ranks=True),
     Setting("HPCREP_CHECK_COLLECTIVES", _parse_bool, True,
             "Before each collective, agree on a 64-bit hash of the tensors' names, shapes and "
-            "dtypes (one 16-byte allreduce), so that mismatched calls raise instead of hanging."),
+            "dtypes (one 16-byte allreduce), so that mismatched calls raise instead of hanging.",
+            same_on_all_ranks=True),
     Setting("HPCREP_STALL_TIMEOUT", float, 600.0,
             "Seconds a collective may wait for the other ranks before the whole job is aborted "
             "with a report of the collective, its tensors and which ranks had not arrived (a "
@@ -80,13 +92,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "differ), so each node's link carries one copy of the buffer. Off by default: at 2 "
             "nodes x 2 ranks on the test cluster it did not beat Open MPI's flat allreduce "
             "(ResNet-50's gradients: 1405 vs 1372 ms at 1 Gb/s, 373 vs 301 ms at 10 Gb/s). Must "
-            "be the same on every rank (checked)."),
+            "be the same on every rank (checked).",
+            same_on_all_ranks=True),
     Setting("HPCREP_NATIVE", _parse_native, "auto",
             "Which path TensorFlow allreduces take: 'auto' the compiled op "
             "(hpcrep/tensorflow/native, built by make install) when it is built for this "
             "TensorFlow, else the Python path; 'on' requires the compiled op; 'off' always the "
             "Python path. `python -m hpcrep.tensorflow.native` says which is active. Must be "
-            "the same on every rank."),
+            "the same on every rank.",
+            same_on_all_ranks=True),
     Setting("HPCREP_NATIVE_SPIN_US", int, 100,
             "Compiled path: microseconds its communication thread looks for more work before "
             "sleeping (and half that, a waiting op for its result before leaving a callback). "
@@ -97,7 +111,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "(buckets formed from the last layer back, one allreduce each, in the same order on "
             "every rank). 0: one exchange after the whole backward pass, for comparison and "
             "debugging. Overlap needs the compiled path; the Python path holds a TensorFlow "
-            "thread while it communicates. Must be the same on every rank."),
+            "thread while it communicates. Must be the same on every rank.",
+            same_on_all_ranks=True),
     Setting("HPCREP_THREADS", int, 0,
             "TensorFlow intra-op threads per rank; 0 means cores on this node // ranks on this "
             "node (at least 1)."),
@@ -111,7 +126,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Verbosity of hpcrep's own log: debug, info, warning or error."),
     Setting("HPCREP_TRANSPARENT_SCALE_LR", _parse_bool, False,
             "Transparent mode: multiply each optimizer's learning rate (or schedule) by the "
-            "number of ranks when it first applies gradients (the global batch grew N-fold)."),
+            "number of ranks when it first applies gradients (the global batch grew N-fold).",
+            same_on_all_ranks=True),
     Setting("HPCREP_CHECKPOINT_DIR", str, "",
             "Directory of HDF5 checkpoints for transparent mode (CheckpointCallback): resume "
             "from the newest good checkpoint there and save each epoch. Empty disables."),
@@ -148,12 +164,115 @@ def get(name: str) -> Any:
                           f"Unset it to use the default ({setting.default!r}).") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Unparsable:
+    """A setting's raw text that does not parse (stands in for its value in the agreement)."""
+
+    raw: str
+
+    def __str__(self) -> str:
+        return f"{self.raw!r} (invalid)"
+
+
+# One rank's values of the settings that must agree: (name, parsed value or Unparsable), in
+# table order.
+Values = tuple[tuple[str, Any], ...]
+
+
+def agreed_values() -> Values:
+    """Return this process's parsed value of every setting marked ``same_on_all_ranks``.
+
+    Parsed values, not the raw text: a rank where a setting is unset and one where it is set to
+    its default (``16MiB`` and ``16777216`` alike) agree. A value that does not parse is
+    returned as :class:`Unparsable`, so that the ranks still compare (and every rank raises,
+    never only the one with the bad value). Local.
+    """
+    out = []
+    for s in SETTINGS.values():
+        if s.same_on_all_ranks:
+            try:
+                out.append((s.name, get(s.name)))
+            except ConfigError:
+                out.append((s.name, Unparsable(os.environ.get(s.name, ""))))
+    return tuple(out)
+
+
+def digest(values: Values) -> int:
+    """Return a 62-bit digest of ``values`` that is the same in every process (for a MAX
+    allreduce of ``[d, -d]``). Local."""
+    return int.from_bytes(hashlib.blake2b(repr(values).encode(), digest_size=8).digest(),
+                          "little") >> 2
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """Return ``rank 3`` or ``ranks 0-2, 5``: sorted ranks, runs shortened."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}"
+                     for a, b in runs)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
+
+
+def disagreement(per_rank: Sequence[Values]) -> str:
+    """Return why the ranks' values (``per_rank[r]`` is rank r's :func:`agreed_values`) may not
+    be used together, or ``''`` if they agree.
+
+    The message names each setting that differs, each distinct value and the ranks holding it,
+    and how to fix it. Pure: the same text on every rank that is given the same list.
+    """
+    tables: dict[tuple[str, ...], list[int]] = {}
+    for r, values in enumerate(per_rank):
+        tables.setdefault(tuple(name for name, _ in values), []).append(r)
+    if len(tables) > 1:
+        return ("ranks run different versions of hpcrep: their tables of settings that must "
+                "agree differ (" + "; ".join(f"{_ranks_text(ranks)}: {', '.join(names)}"
+                                             for names, ranks in tables.items())
+                + "). Install the same hpcrep on every node.")
+    problems = []
+    for i, name in enumerate(next(iter(tables), ())):
+        holders: dict[str, list[int]] = {}
+        for r, values in enumerate(per_rank):
+            value = values[i][1]
+            shown = str(value) if isinstance(value, Unparsable) else repr(value)
+            if value == SETTINGS[name].default:
+                shown += " (the default)"
+            holders.setdefault(shown, []).append(r)
+        if len(holders) > 1:
+            values_text = "; ".join(f"{_ranks_text(ranks)}: {shown}"
+                                    for shown, ranks in holders.items())
+            problems.append(f"{name} differs between ranks ({values_text})")
+    if not problems:
+        return ""
+    first = problems[0].split(" ", 1)[0]
+    return ("hpcrep settings that must be the same on every rank are not: "
+            + "; ".join(problems)
+            + ". A rank with another value would make other MPI calls (a hang, or an MPI error "
+            "found only by the stall watchdog) or compute other results. Set the same value on "
+            f"every rank, e.g. `mpirun -x {first}=<value> ...` (export it in the job script, "
+            "not per rank), or unset it everywhere for the default.")
+
+
+def require_valid(values: Values) -> None:
+    """Raise :class:`ConfigError` for the first :class:`Unparsable` value in ``values``. Local.
+
+    Called after the ranks agreed, so that a bad value every rank shares raises on all of them.
+    """
+    for name, value in values:
+        if isinstance(value, Unparsable):
+            get(name)  # raises, with the setting's meaning and default
+
+
 def describe() -> str:
     """Return the settings table as text: name, default, current value, meaning."""
     lines = []
     for s in SETTINGS.values():
-        lines.append(f"{s.name} (default {s.default!r}, now {os.environ.get(s.name, '<unset>')})"
-                     f"\n    {s.meaning}")
+        same = ", same on every rank (checked by init)" if s.same_on_all_ranks else ""
+        lines.append(f"{s.name} (default {s.default!r}, now {os.environ.get(s.name, '<unset>')}"
+                     f"{same})\n    {s.meaning}")
     return "\n".join(lines)
 
 

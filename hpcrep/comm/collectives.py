@@ -166,8 +166,9 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
         target = resolve(communicator)  # .comm; .local and .cross for hierarchical reductions
         comm = target.comm
         hierarchical = _hierarchical(target)
-        _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor, hierarchical),
-               arrays, names)
+        # HPCREP_HIERARCHICAL_ALLREDUCE (like every setting that picks MPI calls) was checked to
+        # be equal on every rank by init(), so it is not part of the agreement.
+        _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
         n = comm.Get_size()
         buffers = []
         for bucket in buckets:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
+from hpcrep import config
 from hpcrep.comm import watchdog
 from hpcrep.comm.communicator import Communicator
-from hpcrep.errors import NotInitializedError
+from hpcrep.errors import ConfigError, NotInitializedError
 
 _world: Optional[Communicator] = None
 _at_shutdown: list[Callable[[], None]] = []
@@ -37,6 +40,11 @@ def init(comm: Any = None) -> None:
 
     Collective: every rank of ``comm`` (or of ``COMM_WORLD`` when a rank list is given) must call
     this.
+
+    Raises:
+        ConfigError: (on every rank) the ranks disagree on a setting that must be the same on
+            all of them (``same_on_all_ranks`` in :mod:`hpcrep.config`), or such a setting has
+            a value that does not parse.
     """
     global _world
     with _lock:
@@ -52,8 +60,34 @@ def init(comm: Any = None) -> None:
             parent = world.Split(color, key)
         private = parent.Dup()
         private.Set_name("hpcrep")
+        try:
+            check_settings(private)
+        except ConfigError:
+            private.Free()  # every rank raises here, so every rank frees it
+            raise
         _world = Communicator(private, range(private.Get_size()), "the job")
         watchdog.attach(private)
+
+
+def check_settings(comm: Any) -> None:
+    """Raise :class:`ConfigError` on every rank unless all ranks hold the same parsed values of
+    the settings marked ``same_on_all_ranks``.
+
+    One 16-byte MAX allreduce of ``[d, -d]`` (``d``: the digest of this rank's values); only
+    when the digests differ do the ranks gather their values, to say which differ where.
+
+    Collective: every rank of ``comm`` must call this.
+    """
+    MPI = _mpi()
+    mine = config.agreed_values()
+    d = config.digest(mine)
+    both = np.array([d, -d], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
+    if int(both[0]) != -int(both[1]):
+        problem = config.disagreement(comm.allgather(mine))
+        raise ConfigError(problem or "hpcrep settings that must be the same on every rank "
+                          "differ between ranks; compare the HPCREP_* variables of the ranks.")
+    config.require_valid(mine)
 
 
 def shutdown() -> None:
