@@ -14,6 +14,7 @@ from hpcrep.comm.collectives import (allgather, allgather_object, allgatherv, al
                                      reducescatter)
 from hpcrep.comm.communicator import Communicator
 from hpcrep.comm.current import current, resolve, using
+from hpcrep.comm.join import join
 from hpcrep.comm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from hpcrep.comm.process_sets import (ProcessSet, add_process_set, global_process_set,
                                       remove_process_set)
@@ -30,5 +31,5 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "allgatherv",
     "grouped_allgatherv", "broadcast",
     "grouped_broadcast", "alltoall", "reducescatter", "broadcast_object", "allgather_object",
-    "barrier", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "barrier", "join", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",
 ]

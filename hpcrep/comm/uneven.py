@@ -1,9 +1,11 @@
-"""Uneven data: a rank that runs out of batches calls :func:`join`; the others carry on without it.
+"""Uneven data, the active ranks' side: the agreement that also serves ranks waiting in join.
 
-While a rank waits in :func:`join`, the other ranks' allreduces complete with its contribution
-absent (it adds zeros, so Average still divides by the full ``size``, as in Horovod) and their
-allgathers with no rows from it. :func:`join` returns on every rank once all ranks have joined,
-with the same value everywhere: the highest rank among the last ones to join.
+A rank that runs out of batches calls :func:`hpcrep.comm.join.join` (which holds the waiting
+rank's side); the others carry on without it. While a rank waits in join, the other ranks'
+allreduces complete with its contribution absent (it adds zeros, so Average still divides by the
+full ``size``, as in Horovod) and their allgathers with no rows from it. join returns on every
+rank once all ranks have joined, with the same value everywhere: the highest rank among the last
+ones to join.
 
 How: the agreement check that precedes every collective (:func:`agree`, one small MAX allreduce)
 carries two more facts, "some rank is waiting in join" and "which ranks are active". A waiting
@@ -16,20 +18,25 @@ Supported while a rank waits: allreduce (Sum and Average) and allgather. Any oth
 or another reduction, raises :class:`~hpcrep.errors.JoinError` on every rank. Object collectives
 and barriers have no agreement check, so they must not run while a rank waits.
 Requires ``HPCREP_CHECK_COLLECTIVES`` (the default).
+
+This module holds the protocol both sides share (the control vector, the join-mode hooks, the
+replay flag); it never imports :mod:`hpcrep.comm.collectives`, which imports it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from hpcrep import config
 from hpcrep.comm import check
-from hpcrep.errors import CollectiveMismatchError, ConfigError, JoinError
+from hpcrep.errors import CollectiveMismatchError, JoinError
 
-_NONE = np.iinfo(np.int64).min  # neutral for MAX
+# The control vector every agreement reduces with MAX: [h, -h, someone waits, highest active
+# rank, -lowest active rank]. A waiting rank sends NONE (neutral for MAX) where it has nothing.
+NONE = np.iinfo(np.int64).min
 _SUPPORTED = {"allreduce": ("Sum", "Average"), "allgather": None}
 
 _state = threading.local()
@@ -42,10 +49,44 @@ def replaying() -> bool:
     return getattr(_state, "replaying", False)
 
 
-def agree(comm: Any, signature: check.Signature) -> None:
-    """:func:`hpcrep.comm.check.agree`, serving ranks that wait in :func:`join` too.
+@contextlib.contextmanager
+def replay() -> Iterator[None]:
+    """Mark this thread as replaying (:func:`replaying`) for the duration: its collectives then
+    skip their own agreement, which the waiting rank has already taken part in. Local."""
+    _state.replaying = True
+    try:
+        yield
+    finally:
+        _state.replaying = False
 
-    Collective: every rank of ``comm`` must call this (or wait in :func:`join`), in order.
+
+def note_active(highest: Optional[int]) -> None:
+    """Record the highest active rank of the latest control round (None: forget it). Local."""
+    _last_active[0] = highest
+
+
+def last_active() -> Optional[int]:
+    """Return the highest active rank of the latest control round, or None. Local."""
+    return _last_active[0]
+
+
+def begin_join_mode() -> None:
+    """Call every ``begin`` hook of :func:`on_join`: this rank starts waiting. Local."""
+    for begin, _ in _join_hooks:
+        begin()
+
+
+def end_join_mode() -> None:
+    """Call every ``end`` hook of :func:`on_join`: every rank has joined. Local."""
+    for _, end in _join_hooks:
+        end()
+
+
+def agree(comm: Any, signature: check.Signature) -> None:
+    """:func:`hpcrep.comm.check.agree`, serving ranks that wait in join too.
+
+    Collective: every rank of ``comm`` must call this (or wait in :func:`hpcrep.comm.join.join`),
+    in order.
 
     Raises:
         CollectiveMismatchError: the active ranks passed different signatures.
@@ -57,75 +98,40 @@ def agree(comm: Any, signature: check.Signature) -> None:
     me = comm.Get_rank()
     control = np.array([h, -h, 0, me, -me], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, control, op=MPI.MAX)
-    _last_active[0] = int(control[3])
+    note_active(int(control[3]))
     if int(control[0]) != -int(control[1]):
         signatures = [s for s in comm.allgather(signature) if s is not None]
         raise CollectiveMismatchError(check.mismatch_message(signatures))
     if control[2]:
         comm.bcast(signature if me == -int(control[4]) else None, root=-int(control[4]))
-        _require_supported(signature)
+        require_supported(signature)
 
 
 def on_join(begin: Callable[[], None], end: Callable[[], None]) -> None:
-    """Have :func:`join` call ``begin()`` when this rank starts waiting and ``end()`` once every
-    rank has joined: for communication threads outside this module (the compiled TensorFlow
-    path), which must serve the active ranks' collectives too. Local.
+    """Have :func:`hpcrep.comm.join.join` call ``begin()`` when this rank starts waiting and
+    ``end()`` once every rank has joined: for communication threads outside this module (the
+    compiled TensorFlow path), which must serve the active ranks' collectives too. Local.
     """
     _join_hooks.append((begin, end))
-
-
-def join() -> int:
-    """Wait until every rank has joined, taking part in the others' collectives meanwhile.
-
-    Returns the highest rank among the last ones to join (the same on every rank).
-
-    Collective: every rank must call this once it has no more work; see the module docstring
-    for what the other ranks may run meanwhile.
-
-    Raises:
-        ConfigError: ``HPCREP_CHECK_COLLECTIVES`` is off (join rides on the agreement check).
-        JoinError: an active rank ran a collective that cannot run without this rank.
-        CollectiveMismatchError: the active ranks passed mismatched collectives.
-    """
-    from mpi4py import MPI  # noqa: PLC0415
-
-    from hpcrep.comm import world  # noqa: PLC0415
-
-    if not config.get("HPCREP_CHECK_COLLECTIVES"):
-        raise ConfigError("hpcrep join() needs HPCREP_CHECK_COLLECTIVES=1 (the default): the "
-                          "waiting rank learns the others' collectives from that check.")
-    comm = world.comm()
-    for begin, _ in _join_hooks:
-        begin()
-    while True:
-        control = np.array([_NONE, _NONE, 1, _NONE, _NONE], dtype=np.int64)
-        comm.Allreduce(MPI.IN_PLACE, control, op=MPI.MAX)
-        if int(control[3]) == _NONE:  # nobody active: every rank has joined
-            for _, end in _join_hooks:
-                end()
-            last = _last_active[0]
-            _last_active[0] = None
-            return comm.Get_size() - 1 if last is None else last
-        _last_active[0] = int(control[3])
-        if int(control[0]) != -int(control[1]):
-            signatures = [s for s in comm.allgather(None) if s is not None]
-            raise CollectiveMismatchError(check.mismatch_message(signatures))
-        _replay(comm.bcast(None, root=-int(control[4])))
 
 
 def _leave_join_everywhere() -> None:
     """Bring the join hooks' threads out of join mode on every rank, before a JoinError.
 
     A JoinError is raised on every rank (active ones in :func:`agree`, waiting ones in
-    :func:`join`), and the job carries on, so each rank enters join mode and waits until all
-    have: the threads then leave it together, as when every rank has joined.
+    :func:`hpcrep.comm.join.join`), and the job carries on, so each rank enters join mode and
+    waits until all have: the threads then leave it together, as when every rank has joined.
     """
     for begin, end in _join_hooks:
         begin()
         end()
 
 
-def _require_supported(signature: check.Signature) -> None:
+def require_supported(signature: check.Signature) -> None:
+    """Raise :class:`JoinError` unless ``signature``'s collective can run while a rank waits in
+    join (allreduce Sum or Average, allgather); first bring this rank's join hooks out of join
+    mode, as every rank raises together. Local (every rank reaches it with the same signature).
+    """
     kind, params, _ = signature
     supported = kind in _SUPPORTED and (_SUPPORTED[kind] is None
                                         or params[0] in _SUPPORTED[kind])
@@ -140,29 +146,3 @@ def _require_supported(signature: check.Signature) -> None:
         raise JoinError(f"hpcrep.{kind} with op={params[0]} cannot run while a rank waits in "
                         f"join(): a waiting rank adds zeros, which only {' and '.join(ops)} "
                         "ignore.")
-
-
-def _replay(signature: check.Signature) -> None:
-    """Take part in the active ranks' collective with zeros (allreduce) or no rows (allgather)."""
-    from hpcrep.comm import collectives  # noqa: PLC0415 - collectives imports this module
-
-    _require_supported(signature)
-    kind, params, entries = signature
-    arrays = [np.zeros(tuple(0 if d < 0 else d for d in shape), dtype=_dtype(dtype))
-              for _, dtype, shape in entries]
-    _state.replaying = True
-    try:
-        if kind == "allreduce":
-            collectives.allreduce_into_buckets(arrays, collectives.plan_of(arrays), *params[:3])
-        else:
-            collectives.grouped_allgatherv(arrays)
-    finally:
-        _state.replaying = False
-
-
-def _dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes  # noqa: PLC0415
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)

@@ -1,11 +1,11 @@
-"""Horovod's ``hvd.join()`` for TensorFlow: training on uneven data (:mod:`hpcrep.comm.uneven`)."""
+"""Horovod's ``hvd.join()`` for TensorFlow: training on uneven data (:mod:`hpcrep.comm.join`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
-from hpcrep.comm import uneven
+from hpcrep.comm.join import join as comm_join
 from hpcrep.tensorflow.bridge import host_call
 
 
@@ -21,5 +21,5 @@ def join(device: str = "") -> tf.Tensor:
 
     Collective: every rank must call this, once it has no more batches.
     """
-    return host_call(lambda: [np.array(uneven.join(), dtype=np.int32)], [], [tf.int32],
+    return host_call(lambda: [np.array(comm_join(), dtype=np.int32)], [], [tf.int32],
                      [tf.TensorShape([])], name="hpcrep_join")[0]

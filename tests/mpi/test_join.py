@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import hpcrep.comm as hc
-from hpcrep.comm.uneven import join as comm_join
+from hpcrep.comm import join as comm_join
 import hpcrep.tensorflow as hvd
 from hpcrep.errors import JoinError
 
