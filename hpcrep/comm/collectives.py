@@ -20,6 +20,7 @@ Horovod, and ranks outside a process set that call one of its collectives get a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
@@ -68,6 +69,39 @@ def check_scale_factors(op: ReduceOp, prescale: float, postscale: float) -> None
             f"prescale_factor and postscale_factor apply only to Sum and Average, but op={op.name} "
             f"was given with prescale_factor={prescale}, postscale_factor={postscale}; drop the "
             "factors or use op=Sum.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """The arithmetic around a sum across ranks, for allreduce and reducescatter alike.
+
+    ``pre`` multiplies each rank's values as they are copied into the send buffer: the
+    ``prescale_factor`` and, for ``Average`` of floating dtypes, ``1/size`` (folded into that
+    copy, so it costs nothing extra). :meth:`finish` then works on the reduced buffer in place:
+    ``Average`` of integer dtypes is a floor division of the sum by ``size``; then
+    ``postscale_factor``. The compiled op (hpcrep/tensorflow/native) does the same arithmetic
+    in the same order, so both paths give the same bits.
+    """
+
+    pre: float
+    divide: int  # floor-divide the sum by this (integer Average), or 1
+    post: float
+
+    @classmethod
+    def of(cls, op: ReduceOp, dtype: np.dtype, size: int, prescale: float,
+           postscale: float) -> "Scaling":
+        """Return the scaling of ``op`` over ``size`` ranks for arrays of ``dtype``. Local."""
+        floating = dtype.kind in "fc" or dtype.name == "bfloat16"
+        average = op is ReduceOp.Average
+        return cls(prescale * (1.0 / size if average and floating else 1.0),
+                   size if average and not floating else 1, postscale)
+
+    def finish(self, buf: np.ndarray) -> None:
+        """Apply the integer average and ``postscale`` to reduced ``buf`` in place. Local."""
+        if self.divide != 1:
+            np.floor_divide(buf, self.divide, out=buf)
+        if self.post != 1.0:
+            np.multiply(buf, self.post, out=buf, casting="unsafe")
 
 
 def _hierarchical(target: Any) -> bool:
@@ -172,15 +206,11 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
         n = comm.Get_size()
         buffers = []
         for bucket in buckets:
-            floating = bucket.dtype.kind in "fc" or bucket.dtype.name == "bfloat16"
-            pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
-            buf = fusion.pack(bucket, arrays, pre)
+            scaling = Scaling.of(op, bucket.dtype, n, prescale_factor, postscale_factor)
+            buf = fusion.pack(bucket, arrays, scaling.pre)
             if n > 1:
                 _allreduce_in_place(target, buf, op, hierarchical)
-            if op is ReduceOp.Average and not floating:
-                np.floor_divide(buf, n, out=buf)
-            if postscale_factor != 1.0:
-                np.multiply(buf, postscale_factor, out=buf, casting="unsafe")
+            scaling.finish(buf)
             buffers.append(buf)
         return buffers
 
@@ -397,13 +427,12 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
             raise CollectiveArgumentError(
                 f"reducescatter of {nm!r} needs an array with at least one dimension to scatter, "
                 "got a scalar; reshape it to [1] (or allreduce it instead).")
-        floating = a.dtype.kind in "fc" or a.dtype.name == "bfloat16"
-        pre = prescale_factor * (1.0 / n if op is ReduceOp.Average and floating else 1.0)
+        scaling = Scaling.of(op, a.dtype, n, prescale_factor, postscale_factor)
         send = fusion.POOL.take(a.dtype, a.size)
-        if pre == 1.0:
+        if scaling.pre == 1.0:
             np.copyto(send, a.reshape(-1))
         else:
-            np.multiply(a.reshape(-1), pre, out=send, casting="unsafe")
+            np.multiply(a.reshape(-1), scaling.pre, out=send, casting="unsafe")
         rows = np.full(n, a.shape[0] // n, dtype=np.int64)
         rows[: a.shape[0] % n] += 1
         row = int(np.prod(a.shape[1:], dtype=np.int64))
@@ -413,10 +442,7 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
             comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=list(rows * row), op=mpi_op)
         else:
             np.copyto(result, send)
-        if op is ReduceOp.Average and not floating:
-            np.floor_divide(result, n, out=result)
-        if postscale_factor != 1.0:
-            np.multiply(result, postscale_factor, out=result, casting="unsafe")
+        scaling.finish(result)
         return result.reshape((int(rows[me]),) + a.shape[1:])
 
 
