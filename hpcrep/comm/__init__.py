@@ -4,7 +4,9 @@ Every collective runs on a private communicator made by :func:`init` (the job's,
 process set's or a sync group's when given ``communicator=``, or inside :func:`using`), checks
 that all ranks agree on what they pass (a mismatch raises on every rank), and fuses grouped arrays
 into few aligned buffers. :func:`rank` and :func:`size` always describe the job. See
-:mod:`hpcrep.comm.collectives` for the semantics of each call.
+:mod:`hpcrep.comm.collectives` for the semantics of each call, and :func:`join` for uneven data.
+:func:`init` also checks that every rank holds the same values of the settings that decide which
+MPI calls are made (:mod:`hpcrep.config`, ``same_on_all_ranks``).
 """
 
 from hpcrep.comm.collectives import (allgather, allgather_object, allgatherv, allreduce,

@@ -158,11 +158,11 @@ def _allreduce_in_place(target: Any, buf: np.ndarray, op: ReduceOp, hierarchical
         counts = np.full(width, buf.size // width, dtype=np.int64)
         counts[: buf.size % width] += 1
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        share = fusion.POOL.take(buf.dtype, int(counts[me]))
-        local.Reduce_scatter([buf, mpi_type], [share, mpi_type], recvcounts=counts.tolist(),
-                             op=mpi_op)
-        cross.Allreduce(MPI.IN_PLACE, [share, mpi_type], op=mpi_op)
-        local.Allgatherv([share, mpi_type], [buf, counts.tolist(), displs.tolist(), mpi_type])
+        with fusion.POOL.take(buf.dtype, int(counts[me])) as share:  # scratch: back at the end
+            local.Reduce_scatter([buf, mpi_type], [share, mpi_type], recvcounts=counts.tolist(),
+                                 op=mpi_op)
+            cross.Allreduce(MPI.IN_PLACE, [share, mpi_type], op=mpi_op)
+            local.Allgatherv([share, mpi_type], [buf, counts.tolist(), displs.tolist(), mpi_type])
         return
     if local.Get_rank() == 0:
         local.Reduce(MPI.IN_PLACE, recvbuf, op=mpi_op, root=0)
@@ -183,8 +183,9 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
     ``buffer[slot.offset:slot.offset + slot.count]`` of the bucket whose slot has index ``i``
     (:mod:`hpcrep.tensorflow.fused` splits the buffers that way without copying). The arrays are
     packed into pooled, aligned buffers (one copy, with any scaling folded into it) and reduced in
-    place, one MPI call per buffer. The buffers belong to the caller until it drops them (the pool
-    reuses a buffer only when nothing refers to it).
+    place, one MPI call per buffer. The buffers belong to the caller until it drops them and every
+    view of them (:meth:`hpcrep.comm.fusion.Lease.hand_over`): only then does the pool lend them
+    again.
 
     ``Average`` of floating arrays folds ``1/size`` into the packing copy (so it costs nothing
     extra); for integer arrays it is a floor division of the sum.
@@ -207,7 +208,9 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
         buffers = []
         for bucket in buckets:
             scaling = Scaling.of(op, bucket.dtype, n, prescale_factor, postscale_factor)
-            buf = fusion.pack(bucket, arrays, scaling.pre)
+            # Handed over: the caller's results are views of it (no copy out); the buffer returns
+            # to the pool once the last of them is gone.
+            buf = fusion.pack(bucket, arrays, scaling.pre).hand_over()
             if n > 1:
                 _allreduce_in_place(target, buf, op, hierarchical)
             scaling.finish(buf)
@@ -269,7 +272,7 @@ def grouped_broadcast(arrays: Sequence[Any], root_rank: int = 0,
         layout = tuple((a.shape, a.dtype.name) for a in arrays)
         out: list = [None] * len(arrays)
         for bucket in fusion.plan(layout, config.get("HPCREP_FUSION_THRESHOLD")):
-            buf = fusion.pack(bucket, arrays, fill=is_root)
+            buf = fusion.pack(bucket, arrays, fill=is_root).hand_over()  # results are views
             if comm.Get_size() > 1:
                 comm.Bcast(buf.view(np.uint8), root=root)
             fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
@@ -325,7 +328,7 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None,
         for i, a in enumerate(arrays):
             rows = table[:, i + 1]
             row = int(np.prod(a.shape[1:], dtype=np.int64))
-            result = fusion.POOL.take(a.dtype, int(rows.sum()) * row)
+            result = fusion.POOL.take(a.dtype, int(rows.sum()) * row).hand_over()  # the result
             counts = (rows * row).astype(np.int64)
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
             comm.Allgatherv(a.view(np.uint8).reshape(-1),
@@ -378,7 +381,7 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
         recv_rows = np.empty(n, dtype=np.int64)
         comm.Alltoall(send_rows, recv_rows)
         row = int(np.prod(a.shape[1:], dtype=np.int64))
-        result = fusion.POOL.take(a.dtype, int(recv_rows.sum()) * row)
+        result = fusion.POOL.take(a.dtype, int(recv_rows.sum()) * row).hand_over()  # the result
         sc, rc = send_rows * row * a.itemsize, recv_rows * row * a.itemsize
         sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
         rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
@@ -428,20 +431,20 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
                 f"reducescatter of {nm!r} needs an array with at least one dimension to scatter, "
                 "got a scalar; reshape it to [1] (or allreduce it instead).")
         scaling = Scaling.of(op, a.dtype, n, prescale_factor, postscale_factor)
-        send = fusion.POOL.take(a.dtype, a.size)
-        if scaling.pre == 1.0:
-            np.copyto(send, a.reshape(-1))
-        else:
-            np.multiply(a.reshape(-1), scaling.pre, out=send, casting="unsafe")
         rows = np.full(n, a.shape[0] // n, dtype=np.int64)
         rows[: a.shape[0] % n] += 1
         row = int(np.prod(a.shape[1:], dtype=np.int64))
-        result = fusion.POOL.take(a.dtype, int(rows[me]) * row)
-        if n > 1:
-            sendbuf, recvbuf, mpi_op = mpi_reduce_args(send, op, out=result)
-            comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=list(rows * row), op=mpi_op)
-        else:
-            np.copyto(result, send)
+        result = fusion.POOL.take(a.dtype, int(rows[me]) * row).hand_over()  # the result
+        with fusion.POOL.take(a.dtype, a.size) as send:  # scratch: back once reduced
+            if scaling.pre == 1.0:
+                np.copyto(send, a.reshape(-1))
+            else:
+                np.multiply(a.reshape(-1), scaling.pre, out=send, casting="unsafe")
+            if n > 1:
+                sendbuf, recvbuf, mpi_op = mpi_reduce_args(send, op, out=result)
+                comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=list(rows * row), op=mpi_op)
+            else:
+                np.copyto(result, send)
         scaling.finish(result)
         return result.reshape((int(rows[me]),) + a.shape[1:])
 

@@ -5,20 +5,26 @@ A *plan* assigns each array a 64-byte-aligned slot in a bucket; buckets hold one
 the arrays' shapes and dtypes in call order, which :mod:`hpcrep.comm.check` has verified are equal
 on every rank, so every rank builds the same plan.
 
-Buckets live in a :class:`BufferPool`. Results are returned as views into the bucket, so there is
-one copy in (packing) and none out; a bucket is reused only once no view of it is alive, which the
-pool tells from the buffer's reference count. TensorFlow keeps the numpy arrays it receives from
-``tf.numpy_function`` alive for exactly as long as the tensors that alias them, so this also holds
-for tensors.
+Buckets live in a :class:`BufferPool`, which lends them: :meth:`BufferPool.take` hands out a
+:class:`Lease`, and its buffer goes to nobody else until the lease is returned. A buffer used only
+inside one call (a send buffer, a reduce-scatter share) is returned by :meth:`Lease.release` (or
+by leaving ``with``) once the last MPI call on it is done. A buffer whose views become results
+(one copy in, by packing, and none out) is handed over with :meth:`Lease.hand_over`: it returns to
+the pool when the last of those views is gone, which the pool learns from a finalizer on an
+object that every view keeps alive (never from reference counts, which CPython 3.14 no longer
+makes exact for locals). TensorFlow keeps the numpy arrays it receives from
+``tf.numpy_function`` alive for exactly as long as the tensors that alias them, so a buffer under
+live tensors is never lent again either.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
-import sys
 import threading
-from typing import Sequence
+import weakref
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -83,48 +89,110 @@ def plan(layout: tuple[tuple[tuple[int, ...], str], ...], threshold: int) -> tup
     return tuple(buckets)
 
 
+class Lease:
+    """One buffer of a :class:`BufferPool` on loan: ``array``, 1-D, aligned, for this lease alone.
+
+    Return it exactly one way: :meth:`release` (or ``with lease as buf:``) once nothing uses the
+    buffer any more, or :meth:`hand_over` to let views of it outlive the call. A lease dropped
+    without either acts as handed over.
+    """
+
+    def __init__(self, pool: "BufferPool", key: tuple[str, int], raw: np.ndarray, dtype: np.dtype,
+                 length: int) -> None:
+        start = (-raw.ctypes.data) % ALIGN
+        # Every view of ``array`` keeps ``token`` alive (numpy stops its chain of bases at a
+        # non-array buffer), so the token dies with the last view, and its finalizer returns raw.
+        token = (ctypes.c_char * max(1, length * dtype.itemsize)).from_buffer(raw, start)
+        self.array: Optional[np.ndarray] = np.frombuffer(token, dtype=dtype, count=length)
+        self._returned = weakref.finalize(token, pool._give_back, key, raw)
+        self._handed_over = False
+
+    def release(self) -> None:
+        """Return the buffer to the pool now. Local.
+
+        Only when no view of it is used any more: the next :meth:`BufferPool.take` of its size
+        may hand it out and overwrite it. Releasing twice does nothing.
+
+        Raises:
+            RuntimeError: the buffer was handed over (its views decide when it returns).
+        """
+        if self._handed_over:
+            raise RuntimeError("this fusion buffer was handed over: it returns to the pool when "
+                               "its last view is gone, not by release()")
+        self.array = None
+        self._returned()  # runs the finalizer now, once; later deaths of views do nothing
+
+    def hand_over(self) -> np.ndarray:
+        """Return the buffer for results that outlive the call: it goes back to the pool only
+        once the last view of it is gone (the caller's arrays, or the tensors TensorFlow made
+        of them). Local."""
+        array, self.array = self.array, None
+        if array is None:
+            raise RuntimeError("this fusion buffer lease was already released or handed over")
+        self._handed_over = True
+        return array
+
+    def __enter__(self) -> np.ndarray:
+        if self.array is None:
+            raise RuntimeError("this fusion buffer lease was already released or handed over")
+        return self.array
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
 class BufferPool:
-    """Zero-filled, 64-byte-aligned buffers, reused once nothing outside the pool refers to them."""
+    """Zero-filled, 64-byte-aligned buffers, lent out (:class:`Lease`) and reused once returned."""
 
     def __init__(self, keep_per_size: int = 4) -> None:
         self._free: dict[tuple[str, int], list[np.ndarray]] = {}
         self._keep = keep_per_size
-        self._lock = threading.Lock()
+        self._on_loan = 0
+        # Reentrant: a finalizer (a view's death, under the garbage collector) may return a buffer
+        # while this thread is inside take().
+        self._lock = threading.RLock()
 
-    def take(self, dtype: np.dtype, length: int) -> np.ndarray:
-        """Return a 1-D aligned array of ``length`` elements of ``dtype`` that nobody else uses.
+    def take(self, dtype: np.dtype, length: int) -> Lease:
+        """Lend a 1-D aligned array of ``length`` elements of ``dtype`` that nobody else holds.
 
+        A returned buffer of the same dtype and size is lent again; otherwise a new one is made.
         Buffers start zero-filled and are reused only for the same dtype and size, so padding
         between slots holds zeros or values of an earlier layout of that dtype, never another
         dtype's bytes (float32 bytes read as float16 can be inf or NaN, and reducing them warned
-        of overflow). Packing never reads padding back.
+        of overflow). Packing never reads padding back. Local.
         """
-        nbytes = max(1, length * dtype.itemsize)
+        key = (dtype.str, max(1, length * dtype.itemsize))
         with self._lock:
-            owners = self._free.setdefault((dtype.str, nbytes), [])
-            raw = None
-            for candidate in owners:
-                # References: the list, this loop variable, getrefcount's argument. Any more
-                # means a view handed out earlier is still alive.
-                if sys.getrefcount(candidate) <= 3:
-                    raw = candidate
-                    break
-            if raw is None:
-                raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
-                if len(owners) < self._keep:
-                    owners.append(raw)
-        start = (-raw.ctypes.data) % ALIGN
-        return raw[start:start + length * dtype.itemsize].view(dtype)
+            free = self._free.get(key)
+            raw = free.pop() if free else None
+            self._on_loan += 1
+        if raw is None:
+            raw = np.zeros(key[1] + ALIGN, dtype=np.uint8)
+        return Lease(self, key, raw, dtype, length)
+
+    def on_loan(self) -> int:
+        """Return how many buffers are lent out and not yet returned. Local."""
+        with self._lock:
+            return self._on_loan
+
+    def _give_back(self, key: tuple[str, int], raw: np.ndarray) -> None:
+        """Take ``raw`` back (from a lease's finalizer); keep at most ``keep_per_size`` free."""
+        with self._lock:
+            self._on_loan -= 1
+            free = self._free.setdefault(key, [])
+            if len(free) < self._keep:
+                free.append(raw)
 
 
 POOL = BufferPool()
 
 
 def pack(bucket: Bucket, arrays: Sequence[np.ndarray], scale: float = 1.0,
-         fill: bool = True) -> np.ndarray:
-    """Return a pooled buffer for ``bucket``; with ``fill``, ``arrays`` copied in (times
-    ``scale``)."""
-    buf = POOL.take(bucket.dtype, bucket.length)
+         fill: bool = True) -> Lease:
+    """Lend a pooled buffer for ``bucket``; with ``fill``, ``arrays`` copied in (times
+    ``scale``). The caller returns the lease (see :class:`Lease`)."""
+    lease = POOL.take(bucket.dtype, bucket.length)
+    buf = lease.array
     if fill:
         for slot in bucket.slots:
             dst = buf[slot.offset:slot.offset + slot.count]
@@ -133,7 +201,7 @@ def pack(bucket: Bucket, arrays: Sequence[np.ndarray], scale: float = 1.0,
                 np.copyto(dst, src, casting="no")
             else:
                 np.multiply(src, scale, out=dst, casting="unsafe")
-    return buf
+    return lease
 
 
 def unpack(bucket: Bucket, buf: np.ndarray, shapes: Sequence[tuple[int, ...]],

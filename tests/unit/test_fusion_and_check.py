@@ -1,6 +1,7 @@
 """Fusion plans, the buffer pool and mismatch messages, without MPI."""
 
 import numpy as np
+import pytest
 
 from hpcrep.comm import check, fusion
 
@@ -22,24 +23,61 @@ def test_plan_threshold_splits_buckets():
     assert len(fusion.plan(big, 1024)) == 1  # a large array gets its own bucket
 
 
-def test_pool_reuses_only_free_buffers():
+def _address(array):
+    return array.__array_interface__["data"][0]
+
+
+def test_a_leased_buffer_is_never_lent_twice_and_a_returned_one_is_reused():
     pool = fusion.BufferPool()
-    a = pool.take(np.dtype(np.float32), 100)
-    assert a.ctypes.data % fusion.ALIGN == 0
-    b = pool.take(np.dtype(np.float32), 100)
-    assert not np.shares_memory(a, b)  # a is alive, so b is new
-    address = a.ctypes.data
-    del a
-    c = pool.take(np.dtype(np.float32), 100)
-    assert c.ctypes.data == address  # a's buffer came back
+    f32 = np.dtype(np.float32)
+    first = pool.take(f32, 100)
+    a = first.array
+    assert _address(a) % fusion.ALIGN == 0 and a.shape == (100,) and a.dtype == f32
+    others = [pool.take(f32, 100) for _ in range(6)]  # more than the pool keeps per size
+    assert all(not np.shares_memory(a, o.array) for o in others)
+    assert len({_address(o.array) for o in others}) == 6
+    assert pool.on_loan() == 7
+    address = _address(a)
+    del a  # dropping a local reference returns nothing: only release() does
+    assert all(_address(pool.take(f32, 100).hand_over()) != address for _ in range(3))
+    first.release()
+    first.release()  # twice: nothing more happens
+    again = pool.take(f32, 100)
+    assert _address(again.array) == address  # the returned buffer is lent again
+    assert _address(pool.take(f32, 100).array) != address  # and only once
+    with pool.take(np.dtype(np.float64), 50) as scratch:  # a context manager returns it too
+        scratch_address = _address(scratch)
+    assert _address(pool.take(np.dtype(np.float64), 50).array) == scratch_address
+
+
+def test_a_handed_over_buffer_returns_only_when_its_last_view_is_gone():
+    pool = fusion.BufferPool()
+    f32 = np.dtype(np.float32)
+    lease = pool.take(f32, 64)
+    buf = lease.hand_over()
+    address = _address(buf)
+    view = buf[16:32].reshape(4, 4)  # a result, as unpack makes them
+    further = view.T.view(np.int32)  # a view of a view
+    del buf, lease, view
+    assert pool.on_loan() == 1
+    held = pool.take(f32, 64)
+    assert not np.shares_memory(held.array, further)  # the views still hold it
+    held.release()
+    further[:] = 7
+    del further
+    assert pool.on_loan() == 0
+    assert {_address(pool.take(f32, 64).array) for _ in range(2)} >= {address}
+    with pytest.raises(RuntimeError, match="handed over"):
+        handed = pool.take(f32, 64)
+        handed.hand_over()
+        handed.release()
 
 
 def test_pool_never_hands_one_dtypes_bytes_to_another():
     pool = fusion.BufferPool()
-    a = pool.take(np.dtype(np.float32), 16)  # 64 bytes
-    a[:] = 1e30  # as float16 bits these would be inf/NaN
-    del a
-    h = pool.take(np.dtype(np.float16), 32)  # also 64 bytes
+    with pool.take(np.dtype(np.float32), 16) as a:  # 64 bytes
+        a[:] = 1e30  # as float16 bits these would be inf/NaN
+    h = pool.take(np.dtype(np.float16), 32).array  # also 64 bytes
     assert np.all(h == 0)
 
 
