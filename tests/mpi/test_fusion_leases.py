@@ -40,9 +40,19 @@ def test_other_results_survive_later_calls(world):
 
 
 def test_buffers_come_back_once_results_are_gone(world):
-    gc.collect()
-    before = fusion.POOL.on_loan()
-    results = hc.grouped_allreduce([np.ones(7, np.float32) for _ in range(3)], op=hc.Sum)
-    assert fusion.POOL.on_loan() > before  # the results hold their buffer
-    del results
-    assert fusion.POOL.on_loan() == before  # and return it when they are gone
+    """The bucket under the results is lent to nobody while they live and is lent again (the
+    pool's free list is last in, first out) once they are gone. The garbage collector is held
+    off so that no other buffer returns in between."""
+    f32 = np.dtype(np.float32)
+    length = 3 * fusion.padded_count(37, f32.itemsize)  # the one bucket of three 37-float arrays
+    gc.disable()
+    try:
+        results = hc.grouped_allreduce([np.ones(37, np.float32) for _ in range(3)], op=hc.Sum)
+        address = results[0].__array_interface__["data"][0]  # slot 0 starts the bucket
+        with fusion.POOL.take(f32, length) as other:
+            assert not np.shares_memory(other, results[0])
+        del results
+        with fusion.POOL.take(f32, length) as again:
+            assert again.__array_interface__["data"][0] == address
+    finally:
+        gc.enable()
