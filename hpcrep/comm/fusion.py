@@ -97,14 +97,15 @@ class Lease:
     without either acts as handed over.
     """
 
-    def __init__(self, pool: "BufferPool", key: tuple[str, int], raw: np.ndarray, dtype: np.dtype,
-                 length: int) -> None:
-        start = (-raw.ctypes.data) % ALIGN
-        # Every view of ``array`` keeps ``token`` alive (numpy stops its chain of bases at a
-        # non-array buffer), so the token dies with the last view, and its finalizer returns raw.
+    def __init__(self, pool: "BufferPool", key: tuple[str, int], raw: np.ndarray, start: int,
+                 dtype: np.dtype, length: int) -> None:
+        # ``raw`` is aligned from byte ``start`` on. Every view of ``array`` keeps ``token``
+        # alive (numpy stops its chain of bases at a non-array buffer), so the token dies with
+        # the last view, and its finalizer returns raw.
         token = (ctypes.c_char * max(1, length * dtype.itemsize)).from_buffer(raw, start)
         self.array: Optional[np.ndarray] = np.frombuffer(token, dtype=dtype, count=length)
-        self._returned = weakref.finalize(token, pool._give_back, key, raw)
+        self._returned = weakref.finalize(token, pool._give_back, key, raw, start)
+        self._returned.atexit = False  # nothing to give back when the interpreter ends
         self._handed_over = False
 
     def release(self) -> None:
@@ -145,7 +146,7 @@ class BufferPool:
     """Zero-filled, 64-byte-aligned buffers, lent out (:class:`Lease`) and reused once returned."""
 
     def __init__(self, keep_per_size: int = 4) -> None:
-        self._free: dict[tuple[str, int], list[np.ndarray]] = {}
+        self._free: dict[tuple[str, int], list[tuple[np.ndarray, int]]] = {}  # (raw, start)
         self._keep = keep_per_size
         self._on_loan = 0
         # Reentrant: a finalizer (a view's death, under the garbage collector) may return a buffer
@@ -164,24 +165,25 @@ class BufferPool:
         key = (dtype.str, max(1, length * dtype.itemsize))
         with self._lock:
             free = self._free.get(key)
-            raw = free.pop() if free else None
+            raw, start = free.pop() if free else (None, 0)
             self._on_loan += 1
         if raw is None:
             raw = np.zeros(key[1] + ALIGN, dtype=np.uint8)
-        return Lease(self, key, raw, dtype, length)
+            start = (-raw.__array_interface__["data"][0]) % ALIGN
+        return Lease(self, key, raw, start, dtype, length)
 
     def on_loan(self) -> int:
         """Return how many buffers are lent out and not yet returned. Local."""
         with self._lock:
             return self._on_loan
 
-    def _give_back(self, key: tuple[str, int], raw: np.ndarray) -> None:
+    def _give_back(self, key: tuple[str, int], raw: np.ndarray, start: int) -> None:
         """Take ``raw`` back (from a lease's finalizer); keep at most ``keep_per_size`` free."""
         with self._lock:
             self._on_loan -= 1
             free = self._free.setdefault(key, [])
             if len(free) < self._keep:
-                free.append(raw)
+                free.append((raw, start))
 
 
 POOL = BufferPool()
