@@ -1,6 +1,7 @@
 """Transparent mode's ``fit``/``evaluate`` on input that is already each rank's shard (tf.data's
 ``auto_shard_policy`` OFF): used whole when every rank holds as many batches, and a
-``TransparentModeError`` on every rank, naming the ranks, instead of a hang when they differ."""
+``TransparentModeError`` on every rank, naming the ranks, instead of a hang when they differ;
+``predict`` gives each rank the predictions of its own shard."""
 
 import keras
 import numpy as np
@@ -54,6 +55,15 @@ def test_fit_and_evaluate_use_each_ranks_shard_whole(world):
         m.evaluate(shard(4, rank).map(lambda x, y: (x, y)), callbacks=[steps], verbose=0)
     assert steps.train == 2 * 5  # not 5 // size: the shard is not cut again
     assert steps.test == 2 * 3 + 4
+
+
+def test_predict_returns_this_ranks_predictions_of_its_own_shard(world):
+    rank, _ = world
+    with transparent(announce=False):
+        m = model()
+        predicted = m.predict(shard(3, rank), verbose=0)
+    x = np.full((3 * BATCH, 2), rank + 1.0, np.float32)
+    np.testing.assert_allclose(predicted, m(x).numpy(), rtol=1e-6)  # its own rows, all of them
 
 
 @pytest.mark.parametrize("length", ["known", "unknown"])
