@@ -25,6 +25,7 @@ from hpcrep.comm.communicator import Communicator
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import ReplicaContextError, ReplicatorError
 from hpcrep.tensorflow import collectives
+from hpcrep.tensorflow.presharded import mark_presharded
 
 _OPS = {"sum": ReduceOp.Sum, "mean": ReduceOp.Average, "average": ReduceOp.Average,
         "min": ReduceOp.Min, "max": ReduceOp.Max}
@@ -68,8 +69,10 @@ class InputContext:
     num_groups: int = 1
 
     def shard(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
-        """Return this replica's share of ``dataset`` (every ``num_replicas``-th element)."""
-        return dataset.shard(self.num_replicas, self.replica_id)
+        """Return this replica's share of ``dataset`` (every ``num_replicas``-th element), marked
+        as already sharded (tf.data's ``auto_shard_policy`` OFF), as are the datasets derived
+        from it, so that transparent mode does not shard it again."""
+        return mark_presharded(dataset.shard(self.num_replicas, self.replica_id))
 
 
 class ReplicaContext:

@@ -28,7 +28,6 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import keras
 import tensorflow as tf
-from tensorflow.python.data.ops import iterator_ops
 
 from hpcrep import comm
 from hpcrep.errors import ReplicatorError
@@ -37,6 +36,7 @@ from hpcrep.replicator.context import InputContext, ReplicaContext, as_op
 from hpcrep.replicator.regimes import GroupRuntime, SyncGroups, as_regime
 from hpcrep.tensorflow import basics, collectives
 from hpcrep.tensorflow.optimizer import DistributedOptimizer, is_distributed
+from hpcrep.tensorflow.presharded import mark_presharded
 from hpcrep.tensorflow.variables import broadcast_variables
 
 
@@ -166,7 +166,10 @@ class Replicator:
         """Return an iterator of :class:`PerReplica` elements of ``input_fn(ctx)``'s datasets.
 
         Each call builds fresh datasets (``run(step_fn, input_fn)`` keeps its own). Pass the
-        elements to ``run(step_fn, args=(element,))``. Local.
+        elements to ``run(step_fn, args=(element,))``. ``input_fn`` chooses each replica's data:
+        its datasets are marked as already sharded (tf.data's ``auto_shard_policy`` OFF, see
+        :mod:`hpcrep.tensorflow.presharded`), so transparent mode does not shard them again.
+        Local.
         """
         iterators = [self._new_iterator(input_fn, i) for i in range(len(self.local_replica_ids))]
 
@@ -184,9 +187,9 @@ class Replicator:
         with tf.init_scope():  # created eagerly even while a tf.function traces run()
             dataset = input_fn(self._input_context(local_index))
             if isinstance(dataset, tf.data.Dataset):
-                # input_fn already chose this replica's data: bypass Dataset.__iter__, which
-                # transparent mode (`hpcrep run`) patches to shard by rank a second time.
-                return iterator_ops.OwnedIterator(dataset)
+                # input_fn already chose this replica's data: marked so, transparent mode
+                # (`hpcrep run`) iterates it whole instead of sharding it by rank again.
+                dataset = mark_presharded(dataset)
             return iter(dataset)
 
     def _iterator(self, input_fn: Callable[[InputContext], Any], local_index: int) -> Iterator:

@@ -11,8 +11,8 @@ import hpcrep.tensorflow as hvd
 from hpcrep.comm.param_store import windows_available
 from hpcrep.comm.groups import assignment as group_assignment
 from hpcrep.errors import ReplicaContextError, ReplicatorError
-from hpcrep.replicator import (CrossReplicaBatchNormalization, PerReplica, Replicator,
-                               SyncGroups, get_replica_context)
+from hpcrep.replicator import (CrossReplicaBatchNormalization, InputContext, PerReplica,
+                               Replicator, SyncGroups, get_replica_context)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -354,6 +354,14 @@ def test_input_fn_data_is_not_resharded_by_transparent_mode(world, rep):
     def input_fn(ctx):
         return ctx.shard(tf.data.Dataset.range(1000)).repeat().batch(3)
 
+    def own_input_fn(ctx):  # this replica's data chosen without ctx.shard
+        start = 1000 * ctx.replica_id
+        return tf.data.Dataset.range(start, start + 1000).batch(3)
+
     with transparent(announce=False):
         batch = rep.run(lambda b: b, input_fn).values[0].numpy()
+        own = rep.run(lambda b: b, own_input_fn).values[0].numpy()
+        looped = [int(v) for v in InputContext(r, n).shard(tf.data.Dataset.range(4 * n))]
     np.testing.assert_array_equal(batch, [r, r + n, r + 2 * n])
+    np.testing.assert_array_equal(own, [1000 * r, 1000 * r + 1, 1000 * r + 2])
+    assert looped == [r, r + n, r + 2 * n, r + 3 * n]  # a Python loop over ctx.shard's share

@@ -107,3 +107,13 @@ def test_tf_dataset(h5):
         np.testing.assert_array_equal(y, ey)
     single = next(iter(hdf5_dataset(h5, ["y"], 8, rank=0, size=1)))
     assert isinstance(single, tf.Tensor) and single.shape == (8,)
+
+
+def test_tf_dataset_of_one_shard_among_several_is_marked_as_sharded(h5):
+    pytest.importorskip("tensorflow")
+    from hpcrep.tensorflow.hdf5_dataset import hdf5_dataset
+    from hpcrep.tensorflow.presharded import is_presharded
+    assert is_presharded(hdf5_dataset(h5, ["x", "y"], 8, rank=1, size=3))
+    assert is_presharded(hdf5_dataset(h5, ["y"], 8, rank=0, size=2, prefetch=0))
+    # the whole file (one shard of one) stays for transparent mode to share out
+    assert not is_presharded(hdf5_dataset(h5, ["x", "y"], 8, rank=0, size=1))

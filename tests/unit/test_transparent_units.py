@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from hpcrep.errors import TransparentModeError
 from hpcrep.launch import run_command
-from hpcrep.tensorflow.transparent import sharding
+from hpcrep.tensorflow.presharded import is_presharded, mark_presharded
+from hpcrep.tensorflow.transparent import iteration, sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet
 
 
@@ -66,7 +67,88 @@ def test_kind_of():
     assert sharding.kind_of(np.ones(3)) == "arrays"
     assert sharding.kind_of({"a": np.ones(3)}) == "arrays"
     assert sharding.kind_of(tf.data.Dataset.range(3)) == "dataset"
+    assert sharding.kind_of(mark_presharded(tf.data.Dataset.range(3))) == "presharded"
     assert sharding.kind_of(i for i in range(3)) == "generator"
+
+
+def _policy(policy):
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy
+    return options
+
+
+def test_the_presharded_marker_is_tf_datas_auto_shard_policy_off():
+    policy = tf.data.experimental.AutoShardPolicy
+    plain = tf.data.Dataset.range(64)
+    assert not is_presharded(plain)
+    for other in (policy.AUTO, policy.DATA, policy.FILE, policy.HINT):
+        assert not is_presharded(plain.with_options(_policy(other))), other
+    user = plain.with_options(_policy(policy.OFF))  # what a user sets to opt out
+    assert is_presharded(user)
+    marked = mark_presharded(plain)
+    assert is_presharded(marked) and mark_presharded(marked) is marked
+    assert list(marked.as_numpy_iterator()) == list(range(64))  # the data is untouched
+
+
+def test_the_marker_survives_the_transformations_of_an_input_pipeline():
+    marked = mark_presharded(tf.data.Dataset.range(64))
+    other = tf.data.Dataset.range(64)
+    derived = {
+        "map": marked.map(lambda v: v * 2), "batch": marked.batch(4),
+        "prefetch": marked.prefetch(2), "shuffle": marked.shuffle(8, seed=0),
+        "repeat": marked.repeat(), "take": marked.take(3), "skip": marked.skip(3),
+        "filter": marked.filter(lambda v: v > 2), "unbatch": marked.batch(4).unbatch(),
+        "cache": marked.cache(), "padded_batch": marked.padded_batch(4),
+        "interleave": marked.interleave(lambda v: tf.data.Dataset.range(2)),
+        "flat_map": marked.flat_map(lambda v: tf.data.Dataset.range(2)),
+        "enumerate": marked.enumerate(), "zip": tf.data.Dataset.zip((other, marked)),
+        "concatenate": other.concatenate(marked),
+        "assert_cardinality": marked.apply(tf.data.experimental.assert_cardinality(64)),
+        "chain": marked.map(lambda v: (v, v)).batch(4).prefetch(1).map(lambda a, b: a),
+        "generator": mark_presharded(tf.data.Dataset.from_generator(
+            lambda: iter(range(4)), output_signature=tf.TensorSpec((), tf.int64))).map(
+                lambda v: v + 1).batch(2),
+    }
+    lost = [name for name, ds in derived.items() if not is_presharded(ds)]
+    assert lost == [], f"tf.data dropped the marker in {lost}"
+    assert sharding.kind_of(derived["chain"]) == "presharded"
+
+
+def test_python_loops_leave_marked_datasets_whole():
+    ds = tf.data.Dataset.range(8).batch(2)
+    assert iteration.should_shard(ds, 2)
+    assert not iteration.should_shard(mark_presharded(ds), 2)
+    assert not iteration.should_shard(mark_presharded(tf.data.Dataset.range(8)).batch(2), 2)
+
+
+def test_presharded_datasets_are_checked_for_equal_lengths_not_cut():
+    ds = mark_presharded(tf.data.Dataset.range(10).batch(2))  # 5 batches
+    seen = []
+
+    def gather(counts):
+        def agree(local):
+            seen.append(local)
+            return counts
+        return agree
+
+    assert sharding.check_presharded(ds, True, gather([5, 5, 5])) is ds
+    assert sharding.check_presharded(ds, False, gather([1, 2])) is ds  # predict: not checked
+    assert seen == [5]
+    unknown = mark_presharded(tf.data.Dataset.range(10).filter(lambda v: v < 7))
+    assert sharding.check_presharded(unknown, True, gather([7, 7])) is unknown
+    assert seen == [5, 7]  # counted, since its cardinality is unknown
+    with pytest.raises(TransparentModeError,
+                       match=r"5 on rank\(s\) \[0, 2\]; 6 on rank\(s\) \[1\]"):
+        sharding.check_presharded(ds, True, gather([5, 6, 5]))
+    with pytest.raises(TransparentModeError,
+                       match=r"infinite on rank\(s\) \[1\]; 5 on rank\(s\) \[0\]"):
+        sharding.check_presharded(ds, True, gather([5, tf.data.INFINITE_CARDINALITY]))
+    forever = mark_presharded(tf.data.Dataset.range(3).repeat())
+    assert sharding.check_presharded(forever, True, gather([-1, -1])) is forever
+    with pytest.raises(TransparentModeError, match="empty on every rank"):
+        sharding.check_presharded(ds, True, gather([0, 0]))
+    x, others, kind = sharding.shard_input(ds, [None], 0, 1, equal=True)  # one rank: as is
+    assert (x, others, kind) == (ds, [None], "presharded")
 
 
 def test_patch_set_restores_own_and_inherited_attributes_in_reverse():

@@ -10,6 +10,9 @@
   as hpcrep's on every rank (:mod:`.training`);
 - XLA is off, in ``Model.compile`` and ``tf.function`` (:mod:`.xla`);
 - a ``tf.data`` dataset iterated in a Python loop yields this rank's share (:mod:`.iteration`);
+- a ``tf.data`` dataset that is this rank's shard already (tf.data's ``auto_shard_policy`` OFF,
+  as ``hpcrep.tensorflow.hdf5_dataset`` and the Replicator's inputs set; set it on input you
+  shard yourself) is never sharded again, in loops or in ``fit`` (:mod:`.sharding`);
 - printing, ``model.save`` and ``save_weights`` (atomic) happen on rank 0, and ``load_weights``
   reads on rank 0 for every rank (:mod:`.rank_zero`).
 

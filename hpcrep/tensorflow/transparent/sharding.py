@@ -12,8 +12,20 @@ scaling).
 Prediction inputs are cut the same way without dropping anything; :func:`gather_predictions`
 reassembles the full result, in the original order, on every rank.
 
+A ``tf.data`` dataset that is already this rank's shard is never cut: one whose
+``options().experimental_distribute.auto_shard_policy`` is
+``tf.data.experimental.AutoShardPolicy.OFF`` (see :mod:`hpcrep.tensorflow.presharded`), as
+:func:`hpcrep.tensorflow.hdf5_dataset.hdf5_dataset` returns, or a dataset derived from one
+(options travel through ``map``, ``batch``, ``prefetch`` ...). Shard your own input and set
+that option to opt out. ``fit`` and ``evaluate`` use such a dataset whole, after the ranks have
+checked that they all hold the same number of elements (:func:`check_presharded`; a difference
+raises :class:`~hpcrep.errors.TransparentModeError` on every rank instead of leaving a rank
+waiting in a gradient exchange); ``predict`` returns this rank's predictions of its own shard,
+not gathered.
+
 Functions take ``rank`` and ``size`` so they can be tested in one process; only
-:func:`count_min` (for datasets of unknown length) communicates.
+:func:`count_min` (for datasets of unknown length) and :func:`gather_counts` (for pre-sharded
+datasets) communicate.
 """
 
 from __future__ import annotations
@@ -28,16 +40,18 @@ import tensorflow as tf
 
 from hpcrep import comm
 from hpcrep.errors import TransparentModeError
+from hpcrep.tensorflow.presharded import is_presharded
 
-Kind = str  # "none" | "arrays" | "dataset" | "pydataset" | "generator"
+Kind = str  # "none" | "arrays" | "dataset" | "presharded" | "pydataset" | "generator"
 
 
 def kind_of(x: Any) -> Kind:
-    """Classify a Keras input: ``none``, ``dataset``, ``pydataset``, ``generator`` or ``arrays``."""
+    """Classify a Keras input: ``none``, ``dataset``, ``presharded`` (a dataset marked as this
+    rank's shard already), ``pydataset``, ``generator`` or ``arrays``."""
     if x is None:
         return "none"
     if isinstance(x, tf.data.Dataset):
-        return "dataset"
+        return "presharded" if is_presharded(x) else "dataset"
     if isinstance(x, keras.utils.PyDataset):
         return "pydataset"
     if (isinstance(x, (types.GeneratorType, Iterator))
@@ -82,6 +96,54 @@ def shard_arrays(structures: Sequence[Any], rank: int, size: int, equal: bool) -
 def count_min(local: int) -> int:
     """Return the smallest of the ranks' ``local`` counts. Collective."""
     return int(comm.allreduce(np.array([local], np.int64), comm.Min, name="shard_count")[0])
+
+
+def gather_counts(local: int) -> list[int]:
+    """Return every rank's ``local`` count, in rank order. Collective."""
+    return [int(c) for c in comm.allgather(np.array([local], np.int64), name="shard_lengths")]
+
+
+def _length(count: int) -> str:
+    return {tf.data.INFINITE_CARDINALITY: "infinite"}.get(count, str(count))
+
+
+def check_presharded(ds: tf.data.Dataset, equal: bool,
+                     gather: Callable[[int], list[int]] = gather_counts) -> tf.data.Dataset:
+    """Return ``ds``, already this rank's shard, unchanged; with ``equal``, first check that every
+    rank's shard has the same number of elements (steps).
+
+    A shard of unknown length is counted once (one pass). Infinite shards pass when every rank's
+    is infinite (``steps_per_epoch`` then sets the steps).
+
+    Collective when ``equal`` (``gather``): every rank must call this, in the same order.
+
+    Raises:
+        TransparentModeError: on every rank, when the ranks' lengths differ or are zero.
+    """
+    if not equal:
+        return ds
+    local = int(ds.cardinality())
+    if local == tf.data.UNKNOWN_CARDINALITY:
+        local = int(ds.reduce(np.int64(0), lambda c, _: c + 1))
+    counts = gather(local)
+    if len(set(counts)) > 1:
+        ranks: dict[int, list[int]] = {}
+        for r, c in enumerate(counts):
+            ranks.setdefault(c, []).append(r)
+        found = "; ".join(f"{_length(c)} on rank(s) {rs}" for c, rs in sorted(ranks.items()))
+        raise TransparentModeError(
+            f"a dataset marked as already sharded (tf.data auto_shard_policy OFF) has different "
+            f"numbers of elements on different ranks: {found}. Expected the same number on every "
+            "rank: each training step exchanges gradients among all ranks, so a rank that runs "
+            "out first would leave the others waiting. Give every rank's shard the same length "
+            "(e.g. .take(n) with the smallest count), or leave auto_shard_policy unset so that "
+            "hpcrep shards the whole dataset itself.")
+    if counts[0] == 0:
+        raise TransparentModeError(
+            "a dataset marked as already sharded (tf.data auto_shard_policy OFF) is empty on "
+            "every rank; each rank needs at least one batch. Check the input (or use a smaller "
+            "batch size).")
+    return ds
 
 
 def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
@@ -154,7 +216,8 @@ def shard_input(x: Any, others: Sequence[Any], rank: int, size: int, equal: bool
                 ) -> tuple[Any, list[Any], Kind]:
     """Shard ``x`` (and, for arrays, ``others`` such as ``y`` and ``sample_weight``).
 
-    Returns ``(x, others, kind)``. Collective only for datasets of unknown length.
+    Returns ``(x, others, kind)``; a ``presharded`` dataset comes back unchanged. Collective for
+    datasets of unknown length and, with ``equal``, for ``presharded`` datasets.
     """
     kind = kind_of(x)
     if size == 1 or kind == "none":
@@ -164,6 +227,8 @@ def shard_input(x: Any, others: Sequence[Any], rank: int, size: int, equal: bool
         return out[0], out[1:], kind
     if kind == "dataset":
         return shard_dataset(x, rank, size, equal), list(others), kind
+    if kind == "presharded":
+        return check_presharded(x, equal), list(others), kind
     if kind == "pydataset":
         sharded = ShardedPyDataset(x, rank, size, equal)
         if equal and not sharded.num_batches and x.num_batches is not None:

@@ -5,7 +5,10 @@
 :func:`distributed_callbacks`: rank 0's weights and optimizer state broadcast at the start, epoch
 logs averaged across ranks before any user callback reads them, file-writing callbacks kept on
 rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks. ``predict`` shards and
-returns the full predictions, in input order, on every rank. With ``HPCREP_CHECKPOINT_DIR``
+returns the full predictions, in input order, on every rank. A ``tf.data`` dataset marked as this
+rank's shard already (``auto_shard_policy`` OFF, as ``hpcrep.tensorflow.hdf5_dataset`` returns) is
+used whole: ``fit`` and ``evaluate`` check that every rank has as many batches, ``predict`` returns
+this rank's predictions only (:mod:`.sharding`). With ``HPCREP_CHECKPOINT_DIR``
 set, ``fit`` resumes from the newest good checkpoint there and saves every epoch. (``compile``
 is :mod:`.xla`'s.)
 
@@ -158,6 +161,8 @@ def install(patches: PatchSet) -> None:
         _quiet_off_root(a)
         with keras_loop():
             outputs = original_predict(*bound.args, **bound.kwargs)
+        if kind == "presharded":  # this rank's own data: its predictions are its own
+            return outputs
         return sharding.gather_predictions(outputs, None if kind == "arrays" else sizes.sizes)
 
     patches.attr(fit_owner, "fit", fit)
