@@ -2,7 +2,8 @@
 PY      := .venv/bin/python
 MPIRUN  := $(PY) -m hpcrep.launch.mpirun
 PYTEST  := $(PY) -m pytest -p no:cacheprovider
-export TF_CPP_MIN_LOG_LEVEL ?= 2
+# TensorFlow's log level: hpcrep's launchers and tests/conftest.py set TF_CPP_MIN_LOG_LEVEL
+# from HPCREP_TF_LOG (quiet by default; HPCREP_TF_LOG=all shows everything), unless it is set.
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install lint test test-unit test-mpi test-launch test-cluster bench bench-full peers clean

@@ -19,6 +19,11 @@ def _transparent() -> ContextManager:
 
 
 if __name__ == "__main__":
+    import os
+
+    from hpcrep.launch.tf_log import set_tf_log_level
+
+    set_tf_log_level(os.environ)  # before the script imports TensorFlow (HPCREP_TF_LOG)
     from hpcrep.launch.runner import main
 
     sys.exit(main(sys.argv[1:], context=_transparent))

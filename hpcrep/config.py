@@ -30,6 +30,13 @@ def _parse_native(text: str) -> str:
     return value
 
 
+def _parse_tf_log(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("quiet", "all"):
+        raise ValueError(f"expected quiet or all; got {text!r}")
+    return value
+
+
 def _parse_bytes(text: str) -> int:
     """Parse ``"64MiB"``, ``"1048576"``, ``"4k"`` and the like into a number of bytes."""
     units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
@@ -140,6 +147,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_ELASTIC_DIR", str, "",
             "Directory where hvd.elastic states also write each commit (rank 0), and from which "
             "a relaunched job's first sync resumes. Empty: commits stay in memory."),
+    Setting("HPCREP_TF_LOG", _parse_tf_log, "quiet",
+            "TensorFlow's own start-up lines in what hpcrep starts (python -m hpcrep, hpcrep "
+            "run, hpcrep bench, python -m hpcrep.launch.mpirun): 'quiet' sets "
+            "TF_CPP_MIN_LOG_LEVEL=2 for the ranks (INFO and WARNING lines hidden, errors still "
+            "printed) and, on ranks without a GPU, turns off Grappler's layout optimizer, which "
+            "leaves a graph unchanged on CPUs but prints 'layout failed' for graphs that hold "
+            "hpcrep's compiled allreduce; 'all' sets TF_CPP_MIN_LOG_LEVEL=0 and leaves the "
+            "optimizer on. A TF_CPP_MIN_LOG_LEVEL you set yourself is never changed."),
 ]}
 
 

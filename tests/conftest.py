@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from hpcrep.launch.tf_log import set_tf_log_level
+
+set_tf_log_level(os.environ)  # HPCREP_TF_LOG: quiet unless asked, before TensorFlow loads
 
 MISSING = "missing:"
 ROOT = Path(__file__).resolve().parents[1]

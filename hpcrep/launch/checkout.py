@@ -18,6 +18,7 @@ import sys
 from typing import Optional, Sequence
 
 import hpcrep
+from hpcrep.launch.tf_log import set_tf_log_level
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,7 @@ def forward(name: str, argv: Sequence[str]) -> int:
     except FileNotFoundError as exc:
         print(f"hpcrep {name}: {exc}", file=sys.stderr)
         return 2
-    env = dict(os.environ)
+    env = set_tf_log_level(dict(os.environ))  # HPCREP_TF_LOG, for the benchmark and its ranks
     env["PYTHONPATH"] = os.pathsep.join(
         [checkout] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.call(command(name, argv), env=env)

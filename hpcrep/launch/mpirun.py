@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
+from hpcrep.launch.tf_log import set_tf_log_level
+
 
 def find_mpirun() -> str:
     """Return the ``mpirun`` next to this Python (venv wheel) if there is one, else on PATH.
@@ -84,11 +86,13 @@ def mpirun_command(n: int, command: Sequence[str], mpirun: Optional[str] = None,
 
 
 def mpirun_env(env: Optional[dict] = None) -> dict:
-    """Return ``env`` (default: os.environ) with what Open MPI needs to run as root."""
+    """Return a copy of ``env`` (default: os.environ) with what Open MPI needs to run as root and
+    TensorFlow's log level for the ranks (``HPCREP_TF_LOG``, :mod:`hpcrep.launch.tf_log`); values
+    already in ``env`` are kept."""
     env = dict(os.environ if env is None else env)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    return env
+    return set_tf_log_level(env)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -10,6 +10,7 @@ import tensorflow as tf
 from hpcrep import comm, config
 from hpcrep.tensorflow import native
 from hpcrep.tensorflow.devices import pin_gpu
+from hpcrep.tensorflow.tf_log import quiet_layout_optimizer
 
 
 def usable_cores() -> int:
@@ -71,8 +72,10 @@ def configure_threads() -> bool:
 def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> None:
     """Initialise MPI (see :func:`hpcrep.comm.init`), size TensorFlow's thread pools, give this
     rank one GPU, ``local_rank % visible GPUs`` (:mod:`hpcrep.tensorflow.devices`;
-    ``HPCREP_PIN_GPU=0`` turns that off), start the compiled allreduce path's communication
-    thread when it is active (:mod:`hpcrep.tensorflow.native`), and register ``process_sets``.
+    ``HPCREP_PIN_GPU=0`` turns that off), quiet Grappler's layout optimizer where it can do
+    nothing (:mod:`hpcrep.tensorflow.tf_log`; ``HPCREP_TF_LOG``), start the compiled allreduce
+    path's communication thread when it is active (:mod:`hpcrep.tensorflow.native`), and
+    register ``process_sets``.
 
     Args:
         comm_: see :func:`hpcrep.comm.init`.
@@ -86,6 +89,7 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
     comm.init(comm_)
     configure_threads()
     pin_gpu()
+    quiet_layout_optimizer()
     if native.active():
         # Start the job's communication thread now, while every rank is here: starting it is
         # collective, and a rank already waiting in join() could not take part later.

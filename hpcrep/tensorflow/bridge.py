@@ -7,8 +7,8 @@ arrays without copying them; :mod:`hpcrep.comm.fusion` returns exactly such arra
 alias live tensors, so the functions called here must never write into them.
 
 ``tf.numpy_function`` is stateful, so ``tf.function``'s automatic control dependencies keep the
-collectives of one function in program order on every rank. XLA cannot compile it; see the README
-("XLA and jit_compile").
+collectives of one function in program order on every rank. XLA cannot compile it; see
+docs/design-notes.md ("XLA and jit_compile").
 """
 
 from __future__ import annotations

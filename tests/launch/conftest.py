@@ -40,9 +40,9 @@ class LocalMPI:
         self.python = sys.executable
 
     def env(self, extra: Optional[dict] = None) -> dict:
-        """The environment of a job: this one, quiet TensorFlow, unbuffered output, ``extra``."""
-        return mpirun_env({**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-                           **(extra or {})})
+        """The environment of a job: this one, TensorFlow's log level as ``HPCREP_TF_LOG`` asks
+        (quiet by default), unbuffered output, ``extra``."""
+        return mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})})
 
     def run(self, n: int, command: Sequence[str], timeout: float = 240,
             env: Optional[dict] = None, cwd=None) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """Transparent mode's optimizers in ``fit``: ``HPCREP_TRANSPARENT_SCALE_LR`` multiplies the rate
 the updates use by the number of ranks, and a ``LossScaleOptimizer`` averages in its inner
-optimizer (README, transparent mode's limits).
+optimizer (docs/design-notes.md, transparent mode's limits).
 
 The model is one bias-free linear unit trained on the mean of its output: the gradient of each
 kernel entry is the mean of that input column, so every update is exactly ``-rate x gradient``

@@ -1,0 +1,41 @@
+"""TensorFlow's start-up noise is quiet in what hpcrep launches, and HPCREP_TF_LOG=all brings it
+back: the stderr of a real 2-rank ``hpcrep run`` of a tf.function allreduce, both ways."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+TF_LINE = re.compile(r"^[IWEF]\d{4} ", re.M)  # absl's prefix: severity, month, day
+
+
+def run(setting: str) -> subprocess.CompletedProcess:
+    """Run tf_log_job.py on 2 ranks with ``hpcrep run`` and HPCREP_TF_LOG=setting, leaving
+    TF_CPP_MIN_LOG_LEVEL unset (tests/conftest.py set it for this process)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(HPCREP_TF_LOG=setting, HPCREP_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "hpcrep.cli", "run", "-n", "2",
+                           str(HERE / "tf_log_job.py")], capture_output=True, text=True,
+                          timeout=280, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "sum 24 of 2 ranks" in done.stdout, done.stdout
+    return done
+
+
+@pytest.mark.timeout(600)
+def test_quiet_by_default_and_all_brings_tensorflow_lines_back():
+    quiet = run("quiet")
+    noise = [line for line in quiet.stderr.splitlines()
+             if TF_LINE.match(line) or "absl::InitializeLog" in line or "layout failed" in line]
+    assert not noise, quiet.stderr
+
+    loud = run("all")
+    assert TF_LINE.search(loud.stderr), loud.stderr
+    if "native True" in loud.stdout:  # the compiled allreduce's graph: the layout optimizer fails
+        assert "layout failed" in loud.stderr, loud.stderr
