@@ -140,50 +140,6 @@ def load_is_high(snapshot: dict, cores: int, use_load_average: bool = True) -> b
     return load > 0.25 * max(cores, 1) or busy > 0.25
 
 
-def time_steps(step: Callable[[], float], steps: int, warmup: int,
-               items_per_step: float) -> dict:
-    """Run ``warmup + steps`` calls of ``step`` and summarise the timed ones.
-
-    ``step`` returns the seconds it spent communicating (0 when it does not). Each step's wall
-    time and communication time are taken as the maximum over ranks (the slowest rank sets the
-    pace), then the median over timed steps is reported.
-
-    Collective: every rank must call this, with the same ``steps`` and ``warmup``.
-
-    Returns:
-        ``step_ms``, ``comm_ms``, ``compute_ms``, ``comm_fraction``, ``throughput`` (items/s for
-        the whole job, ``items_per_step`` being the global items of one step), the raw
-        ``step_times_ms``, and ``threads_per_rank`` (TensorFlow's intra-op threads on every
-        rank, None if they differ across ranks or TensorFlow is not loaded), which the report
-        checks before it compares rank counts.
-    """
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    for _ in range(warmup):
-        step()
-    walls = np.empty(steps)
-    comms = np.empty(steps)
-    _barrier()
-    for i in range(steps):
-        start = time.perf_counter()
-        comms[i] = step()
-        walls[i] = time.perf_counter() - start
-    walls, comms = _max_over_ranks(walls), _max_over_ranks(comms)
-    step_s = float(np.median(walls))
-    comm_s = float(np.median(comms))
-    return {
-        "step_ms": step_s * 1e3,
-        "comm_ms": comm_s * 1e3,
-        "compute_ms": max(step_s - comm_s, 0.0) * 1e3,
-        "comm_fraction": comm_s / step_s if step_s > 0 else 0.0,
-        "throughput": items_per_step / step_s if step_s > 0 else 0.0,
-        "steps": steps,
-        "warmup": warmup,
-        "step_times_ms": [float(t * 1e3) for t in walls],
-        "threads_per_rank": _threads_per_rank(),
-    }
-
-
 def _threads_per_rank() -> Optional[int]:
     """TensorFlow's intra-op threads if every rank has the same number, else None.
 
