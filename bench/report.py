@@ -195,10 +195,11 @@ def _link_gbytes(cluster: Optional[dict]) -> Optional[float]:
 
 def derived_by_older_version(report: dict) -> bool:
     """True if ``report`` has no derived figures, or ones in the layout of an older hpcrep (a
-    projection from before measured-only parameters), so :func:`derive` must run before
-    :func:`render`."""
+    projection from before measured-only parameters, or without its model checked at the
+    measured points), so :func:`derive` must run before :func:`render`."""
     proj = report.get("projection")
-    return proj is None or ("omitted" not in proj and "capped_by_memcpy" not in proj)
+    return proj is None or "checked" not in proj or (
+        "omitted" not in proj and "capped_by_memcpy" not in proj)
 
 
 def _fusion_threshold() -> int:
