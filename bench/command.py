@@ -132,8 +132,10 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
         report["models"][model] = run_model(model, ranks, args, out, report["errors"], MODES,
                                             nodes, horovod.get("python"))
     if not args.no_allreduce:
+        cpu_start = _children_cpu_seconds()
         report["allreduce"] = run_allreduce([r for r in ranks if r > 1] or [2], out, args.quick,
                                             report["errors"], nodes)
+        report["allreduce_cpu_seconds"] = _children_cpu_seconds() - cpu_start
     report["seconds"] = time.time() - start
     report["load"]["end"] = load_snapshot()
     report_mod.derive(report)
@@ -179,7 +181,8 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
                 if key in data:
                     result[key] = data[key]
             result["jobs"][f"{n}/{variant}"] = {"environment": data["environment"],
-                                               "seconds": data["seconds"]}
+                                               "seconds": data["seconds"],
+                                               "cpu_seconds": data["cpu_seconds"]}
             if variant == "mwms":
                 result["mwms"] = data.get("mwms")
             if variant == "horovod":
@@ -213,7 +216,7 @@ def run_job(model: str, n: int, job_args: list[str], timeout: int,
     command = launch(n, [python, "-m", JOBS[model]] + job_args)
     label = f"{model} x{n} ({job_args[job_args.index('--modes') + 1]})"
     print(f"bench: {label} ...", flush=True)
-    start = time.time()
+    start, cpu_start = time.time(), _children_cpu_seconds()
     try:
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
                               cwd=ROOT)
@@ -228,8 +231,21 @@ def run_job(model: str, n: int, job_args: list[str], timeout: int,
     with open(path) as f:
         data = json.load(f)
     data["seconds"] = time.time() - start
-    print(f"bench: {label} done in {data['seconds']:.0f} s", flush=True)
+    # CPU seconds of the job's processes: on an idle machine with a core per rank the job would
+    # take about cpu_seconds / n of wall time, whatever the load was here.
+    data["cpu_seconds"] = _children_cpu_seconds() - cpu_start
+    print(f"bench: {label} done in {data['seconds']:.0f} s ({data['cpu_seconds']:.0f} CPU s)",
+          flush=True)
     return data
+
+
+def _children_cpu_seconds() -> float:
+    """User plus system CPU seconds of every finished child process of this one (mpirun and the
+    ranks it waited for)."""
+    import resource  # noqa: PLC0415
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_allreduce(ranks: list[int], out: str, quick: bool, errors: list,

@@ -274,6 +274,28 @@ def load_warning(report: dict) -> Optional[str]:
             "by it, efficiencies vs 1 rank most. Rerun on an idle machine before quoting them.")
 
 
+def idle_seconds(report: dict) -> Optional[float]:
+    """About how long the run's jobs would take on an idle machine with a core per rank: each
+    job's CPU seconds over its rank count, summed (the allreduce benchmark's over its largest
+    rank count); None where the CPU time was not recorded."""
+    total, seen = 0.0, False
+    for model in report["models"].values():
+        for key, job in model.get("jobs", {}).items():
+            if job.get("cpu_seconds") is not None:
+                total += job["cpu_seconds"] / max(1, int(key.split("/")[0]))
+                seen = True
+    if report.get("allreduce_cpu_seconds") is not None:
+        total += report["allreduce_cpu_seconds"] / max([int(r) for r in report.get("ranks", [1])])
+        seen = True
+    return total if seen else None
+
+
+def _idle_text(report: dict) -> str:
+    idle = idle_seconds(report)
+    return "" if idle is None else (f" (its jobs used {idle:.0f} CPU s per rank: about that "
+                                    "long on an idle machine with a core per rank)")
+
+
 def _load_text(load: dict) -> str:
     parts = []
     for when in ("start", "end"):
@@ -363,7 +385,7 @@ def markdown(report: dict, images: list[str]) -> str:
              "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
              _cores_line(report),
              f"Mode: {'quick' if report.get('quick') else 'full'}. {PROTOCOL} "
-             f"Took {report.get('seconds', 0):.0f} s.", "",
+             f"Took {report.get('seconds', 0):.0f} s{_idle_text(report)}.", "",
              "## Summary", "", "| " + " | ".join(rows[0]) + " |",
              "|---|" + "---:|" * (len(rows[0]) - 2) + "---|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]] + [""]

@@ -294,3 +294,16 @@ def test_a_report_from_an_older_version_is_rederived_before_rendering(tmp_path):
     assert "rows" in saved["projection"]["models"]["resnet50"]
     assert saved["models"]["resnet50"]["runs"]["hpcrep"]["2"]["efficiency"] == pytest.approx(
         16 / 110 / (2 * 8 / 80))
+
+
+def test_idle_time_is_estimated_from_the_jobs_cpu_seconds():
+    from bench import report
+
+    data = fake_report()
+    assert report.idle_seconds(data) is None
+    data["models"]["resnet50"]["jobs"] = {"1/hpcrep": {"cpu_seconds": 100.0},
+                                          "2/hpcrep": {"cpu_seconds": 300.0}}
+    data["allreduce_cpu_seconds"] = 40.0
+    assert report.idle_seconds(data) == pytest.approx(100 + 150 + 20)
+    report.derive(data)
+    assert "270 CPU s per rank" in report.markdown(data, [])
