@@ -26,15 +26,17 @@ OWN_JOB_PEERS = ("horovod", "mwms")
 def fmt_spread(median: Optional[float], lo: Optional[float] = None,
                hi: Optional[float] = None) -> str:
     """A figure with its min-max, printed with the precision its spread allows: rounded to the
-    decimal place of the spread's leading digit (the median to nearest, the min down and the max
-    up), e.g. ``160 [120-190]`` for 155 in [124, 186] and ``1.00 [0.98-1.02]`` for 1.0 in
-    [0.985, 1.015]. Without a spread (none given, or min = max) three significant digits; '-'
-    for None."""
+    decimal place of the spread's leading digit, or of the min's where that is finer (the median
+    to nearest, the min down and the max up), e.g. ``160 [120-190]`` for 155 in [124, 186],
+    ``1.00 [0.98-1.02]`` for 1.0 in [0.985, 1.015] and ``300 [40-400]`` for 300 in [43, 400].
+    Without a spread (none given, or min = max) three significant digits; '-' for None."""
     if median is None:
         return "-"
     if lo is None or hi is None or not hi > lo:
         return format(median, ".3g")
     place = math.floor(math.log10(hi - lo))
+    if lo > 0:  # never round the min away to 0: keep its leading digit too
+        place = min(place, math.floor(math.log10(lo)))
     decimals = max(0, -place)
     unit = 10.0 ** place
 

@@ -220,6 +220,8 @@ def test_spread_formatting_keeps_only_the_digits_the_spread_allows():
     assert fmt_spread(1.0, 0.985, 1.015) == "1.00 [0.98-1.02]"
     assert fmt_spread(0.7273, 0.7273, 0.8) == "0.73 [0.72-0.80]"
     assert fmt_spread(154.2, 153.9, 154.6) == "154.2 [153.9-154.6]"
+    assert fmt_spread(300.0, 43.0, 400.0) == "300 [40-400]"         # the min keeps a digit
+    assert fmt_spread(0.156, 0.093, 0.219) == "0.16 [0.09-0.22]"
     assert fmt_spread(2.5, 2.5, 2.5) == "2.5"                          # no spread: 3 digits
     assert fmt_spread(1234.5) == "1.23e+03"
     assert fmt_spread(None) == "-" and fmt_figure(None) == "-"
