@@ -66,18 +66,22 @@ def _interleaved_medians(comm: Any, variants: dict[str, Callable[[], Any]], reps
                          ) -> dict[str, float]:
     """Median over ``reps`` of the slowest rank's time of each variant, in ms. Collective.
 
-    The variants take turns within every repetition, so a slow spell on this shared 2-core
-    machine hits all of them alike and the ratios between them stay fair.
+    The variants take turns within every repetition, in :func:`bench.timing.interleaved_order`
+    (rotated every repetition), so a slow spell on this shared 2-core machine hits all of them
+    alike and the ratios between them stay fair.
     """
     from mpi4py import MPI  # noqa: PLC0415
 
+    from bench.timing import interleaved_order  # noqa: PLC0415
+
     for fn in variants.values():
         fn()  # warm-up: first-touch pages, traces, pools
+    index = {name: k for k, name in enumerate(variants)}
     times = np.empty((len(variants), reps))
-    for i in range(reps):
-        for k, fn in enumerate(variants.values()):
+    for i, names in enumerate(interleaved_order(list(variants), reps)):
+        for name in names:
             comm.Barrier()
-            times[k, i] = _timed(fn)
+            times[index[name], i] = _timed(variants[name])
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     return {name: float(np.median(times[k]) * 1e3) for k, name in enumerate(variants)}
 

@@ -3,10 +3,12 @@
 For each model and rank count one MPI job (``python -m jobs.<package> --bench-json``, run from
 the repository's top directory) times the job's own training step with hpcrep's public API, with
 no synchronisation (upper bound) and with a hand-written mpi4py allreduce (raw baseline) swapped
-in underneath (``bench/variants.py``); ResNet-50 also runs under
-``tf.distribute.MultiWorkerMirroredStrategy`` on localhost. Horovod is timed, next to hpcrep in
-one job under ``.venv-peers/bin/python``, when ``make peers`` has built it (``bench/peers.py``);
-the report says how to build it otherwise. Every rank gets the same number of cores
+in underneath (``bench/variants.py``), interleaved over repeated rounds and self-checked
+(``bench/job.py``); ResNet-50 also runs under ``tf.distribute.MultiWorkerMirroredStrategy`` on
+localhost, in a job of its own with its own nosync. Horovod is timed in a job of its own too,
+against its own nosync, under ``.venv-peers/bin/python``, when ``make peers`` has built it
+(``bench/peers.py``); the report says how to build it otherwise. The machine's load is sampled
+before and after. Every rank gets the same number of cores
 (``--cores-per-rank``, ``bench/placement.py``) at every rank count, so efficiencies compare like
 with like. The allreduce benchmark (``bench.allreduce``) runs in the same invocation. Results,
 plots and a projection to 8..1024 ranks go to ``reports/<timestamp>/``.
@@ -32,20 +34,36 @@ MODELS = ("resnet50", "sngan", "d4pg")
 JOBS = {"resnet50": "jobs.resnet", "sngan": "jobs.sngan", "d4pg": "jobs.d4pg"}  # python -m
 MODES = ("hpcrep", "nosync", "mpi4py")
 
-# Per-model job arguments: quick mode (make bench, minutes on 2 cores) and full mode. Quick mode
-# times 15 steps (100 for D4PG's short steps): with 5, two runs on the same quiet machine gave
-# 2-rank efficiencies of 0.99 and 0.63 for the same model.
+# Per-model job arguments: quick mode (make bench, minutes on 2 cores) and full mode. Every
+# variant of a job is warmed up until its step times settle (bench.timing.warm_up), then runs
+# --steps steps in each of --rounds rounds, the variants taking turns; a figure is the median
+# over rounds with the rounds' min-max.
 SETTINGS: dict[str, dict[bool, list[str]]] = {
-    "resnet50": {True: ["--image-size", "32", "--batch", "8", "--steps", "15", "--warmup", "2"],
-                 False: ["--image-size", "64", "--batch", "32", "--steps", "20", "--warmup", "3"]},
+    "resnet50": {True: ["--image-size", "32", "--batch", "8", "--rounds", "5", "--steps", "3"],
+                 False: ["--image-size", "64", "--batch", "32", "--rounds", "7", "--steps",
+                         "5"]},
     "sngan": {True: ["--image-size", "16", "--g-ch", "32", "--d-ch", "32", "--batch", "16",
-                     "--n-dis", "1", "--steps", "15", "--warmup", "2"],
+                     "--n-dis", "1", "--rounds", "5", "--steps", "3"],
               False: ["--image-size", "32", "--g-ch", "64", "--d-ch", "64", "--batch", "32",
-                      "--n-dis", "5", "--steps", "10", "--warmup", "2"]},
-    "d4pg": {True: ["--batch", "128", "--min-replay", "500", "--steps", "100", "--warmup", "10"],
-             False: ["--batch", "256", "--min-replay", "2000", "--steps", "200", "--warmup",
-                     "20"]},
+                      "--n-dis", "5", "--rounds", "7", "--steps", "3"]},
+    "d4pg": {True: ["--batch", "128", "--min-replay", "500", "--rounds", "5", "--steps", "20"],
+             False: ["--batch", "256", "--min-replay", "2000", "--rounds", "7", "--steps",
+                     "40"]},
 }
+
+# Horovod's settings in its job: its fusion buffer as large as hpcrep's (HPCREP_FUSION_THRESHOLD,
+# 16 MiB by default) and its background cycle at 1 ms, so that a step's gradients leave in a few
+# fused allreduces without waiting out a long cycle.
+HOROVOD_CYCLE_TIME_MS = "1"
+
+
+def horovod_env() -> dict[str, str]:
+    """The environment of the Horovod job: ``HOROVOD_FUSION_THRESHOLD`` = hpcrep's fusion
+    threshold, ``HOROVOD_CYCLE_TIME`` = :data:`HOROVOD_CYCLE_TIME_MS`."""
+    from hpcrep import config  # noqa: PLC0415
+
+    return {"HOROVOD_FUSION_THRESHOLD": str(int(config.get("HPCREP_FUSION_THRESHOLD"))),
+            "HOROVOD_CYCLE_TIME": HOROVOD_CYCLE_TIME_MS}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -96,12 +114,16 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
         raise SystemExit(str(exc)) from None
     out = args.out or os.path.join("reports", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(out, exist_ok=True)
+    from bench.timing import load_snapshot  # noqa: PLC0415
+
+    load_start = load_snapshot()
     start = time.time()
     report: dict[str, Any] = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
                               "quick": bool(args.quick), "ranks": ranks,
                               "machine": machine(), "versions": versions(), "models": {},
                               "cores_per_rank": args.cores_per_rank, "peers": {}, "errors": [],
-                              "cluster": nodes.describe() if nodes is not None else None}
+                              "cluster": nodes.describe() if nodes is not None else None,
+                              "load": {"start": load_start}}
     models = MODELS if args.model == "all" else (args.model,)
     report["peers"]["horovod"] = horovod = horovod_status(ROOT)
     if horovod["status"] != "importable":
@@ -110,9 +132,12 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
         report["models"][model] = run_model(model, ranks, args, out, report["errors"], MODES,
                                             nodes, horovod.get("python"))
     if not args.no_allreduce:
+        cpu_start = _children_cpu_seconds()
         report["allreduce"] = run_allreduce([r for r in ranks if r > 1] or [2], out, args.quick,
                                             report["errors"], nodes)
+        report["allreduce_cpu_seconds"] = _children_cpu_seconds() - cpu_start
     report["seconds"] = time.time() - start
+    report["load"]["end"] = load_snapshot()
     report_mod.derive(report)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=2)
@@ -125,13 +150,14 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
 def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
               errors: list, modes: tuple = MODES, nodes: Any = None,
               horovod_python: Optional[str] = None) -> dict:
-    """Run ``model``'s benchmark job at each rank count; return {unit, runs: mode -> ranks -> r}.
+    """Run ``model``'s benchmark jobs at each rank count; return {unit, runs: mode -> ranks -> r,
+    peer_jobs: peer -> ranks -> {nosync: r}}.
 
-    ``nodes`` (a :class:`bench.cluster.Cluster`) runs the jobs across its nodes. With
-    ``horovod_python``, one more job per rank count times hpcrep and Horovod under that Python;
-    its hpcrep figures go to ``paired["horovod"]`` (the hpcrep/Horovod ratio uses them).
+    ``nodes`` (a :class:`bench.cluster.Cluster`) runs the jobs across its nodes. MWMS (ResNet-50,
+    local ranks only) and, with ``horovod_python``, Horovod run in jobs of their own, each with
+    its own nosync (``peer_jobs``), which the report compares them against.
     """
-    result: dict[str, Any] = {"runs": {}, "jobs": {}}
+    result: dict[str, Any] = {"runs": {}, "jobs": {}, "peer_jobs": {}}
     for n in ranks:
         variants = [",".join(modes)]
         # MultiWorkerMirroredStrategy is wired to localhost ports: local ranks only.
@@ -142,33 +168,39 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
         for variant in variants:
             path = os.path.join(out, "jobs", f"{model}-{n}-{variant.split(',')[0]}.json")
             extra = ["--port-base", str(free_port_base(n))] if variant == "mwms" else []
-            job_modes = "hpcrep,horovod" if variant == "horovod" else variant
+            job_modes = "horovod,nosync" if variant == "horovod" else variant
             data = run_job(model, n, ["--modes", job_modes, "--bench-json", path]
                            + SETTINGS[model][args.quick] + extra, args.timeout, errors, nodes,
                            horovod_python if variant == "horovod" else sys.executable,
-                           args.cores_per_rank)
+                           args.cores_per_rank,
+                           horovod_env() if variant == "horovod" else None)
             if data is None:
                 continue
             result["unit"] = data["unit"]
-            for key in ("grad_bytes", "grad_tensors", "syncs_per_step"):
+            for key in ("grad_bytes", "grad_tensors", "syncs_per_step", "batch_norm"):
                 if key in data:
                     result[key] = data[key]
             result["jobs"][f"{n}/{variant}"] = {"environment": data["environment"],
-                                               "seconds": data["seconds"]}
+                                               "seconds": data["seconds"],
+                                               "cpu_seconds": data["cpu_seconds"]}
+            if variant == "mwms":
+                result["mwms"] = data.get("mwms")
+            if variant == "horovod":
+                result["horovod"] = horovod_env()
             for mode, timing in data["runs"].items():
-                paired = variant == "horovod" and mode == "hpcrep"
-                target = result.setdefault("paired", {}).setdefault("horovod", {}) if paired \
-                    else result["runs"].setdefault(mode, {})
-                target[str(n)] = timing
+                own = variant in ("mwms", "horovod") and mode == "nosync"
+                target = result["peer_jobs"].setdefault(variant, {}).setdefault(str(n), {}) \
+                    if own else result["runs"].setdefault(mode, {})
+                target["nosync" if own else str(n)] = timing
     return result
 
 
 def run_job(model: str, n: int, job_args: list[str], timeout: int,
             errors: list, nodes: Any = None, python: str = sys.executable,
-            cores_per_rank: int = 0) -> Optional[dict]:
+            cores_per_rank: int = 0, extra_env: Optional[dict] = None) -> Optional[dict]:
     """Run ``python -m jobs.<package>`` on ``n`` ranks (across ``nodes`` if given) under
     ``python``, from the repository's top directory, each rank with ``cores_per_rank`` threads
-    (0: hpcrep's default); return its JSON, or None (error recorded)."""
+    (0: hpcrep's default) and ``extra_env`` set; return its JSON, or None (error recorded)."""
     from bench.placement import thread_env  # noqa: PLC0415
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
 
@@ -180,10 +212,11 @@ def run_job(model: str, n: int, job_args: list[str], timeout: int,
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if cores_per_rank:
         env.update(thread_env(cores_per_rank))
+    env.update(extra_env or {})
     command = launch(n, [python, "-m", JOBS[model]] + job_args)
     label = f"{model} x{n} ({job_args[job_args.index('--modes') + 1]})"
     print(f"bench: {label} ...", flush=True)
-    start = time.time()
+    start, cpu_start = time.time(), _children_cpu_seconds()
     try:
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
                               cwd=ROOT)
@@ -198,8 +231,21 @@ def run_job(model: str, n: int, job_args: list[str], timeout: int,
     with open(path) as f:
         data = json.load(f)
     data["seconds"] = time.time() - start
-    print(f"bench: {label} done in {data['seconds']:.0f} s", flush=True)
+    # CPU seconds of the job's processes: on an idle machine with a core per rank the job would
+    # take about cpu_seconds / n of wall time, whatever the load was here.
+    data["cpu_seconds"] = _children_cpu_seconds() - cpu_start
+    print(f"bench: {label} done in {data['seconds']:.0f} s ({data['cpu_seconds']:.0f} CPU s)",
+          flush=True)
     return data
+
+
+def _children_cpu_seconds() -> float:
+    """User plus system CPU seconds of every finished child process of this one (mpirun and the
+    ranks it waited for)."""
+    import resource  # noqa: PLC0415
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_allreduce(ranks: list[int], out: str, quick: bool, errors: list,

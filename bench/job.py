@@ -1,19 +1,22 @@
 """What every benchmark job in ``jobs/`` shares: common options, timing the job's own training
-step with each variant (:mod:`bench.variants`) swapped in underneath, and writing rank 0's
-results as JSON for the harness.
+step with each variant (:mod:`bench.variants`) swapped in underneath, interleaved over repeated
+rounds (:func:`bench.timing.time_rounds`), self-checks of every variant
+(:mod:`bench.selfcheck`), and writing rank 0's results as JSON for the harness.
 
 Communication time is what a step costs above the same step without communication: a variant's
 ``comm_ms`` is its step time minus the ``nosync`` step time of the same job (never below 0), and
 ``compute_ms`` the rest of its step time (the ``nosync`` step time, or less for a step that ran
 faster than it: noise). The step is one compiled function (gradients averaged
-inside ``DistributedGradientTape.gradient`` or the optimizer's ``apply``, batch-norm statistics
-inside the forward pass), so this counts every exchange the step makes, as the user's step
-makes it. Without ``nosync`` among the modes the split is not reported (``None``).
+inside ``DistributedGradientTape.gradient`` or the optimizer's ``apply``), so this counts every
+exchange the step makes, as the user's step makes it. Without ``nosync`` among the modes the
+split is not reported (``None``). ``vs_nosync`` is the variant's throughput over ``nosync``'s,
+round by round (median and min-max over rounds): the figure machine contention cancels out of.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -21,25 +24,46 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from bench import selfcheck
 from bench.sync import MODES
-from bench.timing import time_steps
+from bench.timing import spread, time_rounds
 from bench.variants import Variant, variant
 
-# A step factory takes a variant and returns a step: a function that runs one training step of
-# the job with that variant underneath (and returns 0.0: no communication time of its own).
-StepFactory = Callable[[Variant], Callable[[], float]]
+
+@dataclasses.dataclass
+class Timed:
+    """One variant's training step and what its self-checks need.
+
+    Attributes:
+        step: runs one training step of the job with the variant underneath.
+        state: every variable ranks must agree on before a step (weights, optimizer slots), for
+            the weights check to broadcast from rank 0.
+        weights: the trainable weights whose digests are compared after one step.
+        probe: ``"tape"`` (the variant's ``DistributedGradientTape`` averages the step's
+            gradients) or ``"optimizer"`` (its ``DistributedOptimizer`` does).
+    """
+
+    step: Callable[[], object]
+    state: Callable[[], Sequence[Any]]
+    weights: Callable[[], Sequence[Any]]
+    probe: str = "tape"
+
+
+# A step factory takes a variant and returns its Timed step.
+StepFactory = Callable[[Variant], Timed]
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser, extra_modes: Sequence[str] = ()) -> None:
-    """Add ``--bench-json``, ``--modes``, ``--steps`` and ``--warmup`` to a job's parser."""
+    """Add ``--bench-json``, ``--modes``, ``--rounds`` and ``--steps`` to a job's parser."""
     group = parser.add_argument_group("benchmark mode (used by `hpcrep bench`)")
     group.add_argument("--bench-json", metavar="PATH",
                        help="time steps instead of training; rank 0 writes results to PATH")
     group.add_argument("--modes", default="hpcrep,nosync,mpi4py",
                        help=f"synchronisers to time, comma-separated: "
                             f"{', '.join(tuple(MODES) + tuple(extra_modes))}")
-    group.add_argument("--steps", type=int, default=10, help="timed steps per mode")
-    group.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps per mode")
+    group.add_argument("--rounds", type=int, default=5,
+                       help="rounds; every mode runs --steps steps in each (interleaved)")
+    group.add_argument("--steps", type=int, default=3, help="timed steps per mode per round")
 
 
 def parse_modes(text: str, allowed: Sequence[str]) -> list[str]:
@@ -51,32 +75,87 @@ def parse_modes(text: str, allowed: Sequence[str]) -> list[str]:
     return modes
 
 
-def run_modes(factory: StepFactory, modes: Sequence[str], steps: int, warmup: int,
+def run_modes(factory: StepFactory, modes: Sequence[str], rounds: int, steps: int,
               items_per_step: float) -> dict[str, dict]:
-    """Time ``steps`` steps of the job under each variant in ``modes``; split each step into
-    communication and compute against ``nosync`` (see the module docstring).
+    """Check and time the job's step under each variant in ``modes``.
+
+    Each variant's averaged probe gradient is checked first (:mod:`bench.selfcheck`, against
+    the exact mean and hpcrep's); then all are warmed up and timed interleaved over ``rounds``
+    rounds of ``steps`` steps (:func:`bench.timing.time_rounds`); then each one's weights are
+    checked after one step from rank 0's state. A variant that fails a check keeps its
+    ``check`` but loses its figures (``failed`` True): it is not reported as timed.
 
     Collective: every rank must call this with the same arguments.
     """
-    results = {}
-    for mode in modes:
-        step = factory(variant(mode))
-        results[mode] = time_steps(step, steps, warmup, items_per_step)
+    from mpi4py import MPI  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+    variants = {mode: variant(mode) for mode in modes}
+    timed = {mode: factory(v) for mode, v in variants.items()}
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    shapes = [tuple(w.shape) for w in timed[modes[0]].weights()]
+    coefficients = selfcheck.probe_coefficients(shapes, rank)
+    mean, tolerance = selfcheck.exact_mean_and_tolerance(coefficients)
+    reference = _probe(variants.get("hpcrep") or variant("hpcrep"), timed[modes[0]].probe,
+                       coefficients)
+    checks: dict[str, dict] = {}
+    for mode, v in variants.items():
+        result = reference if mode == "hpcrep" else _probe(v, timed[mode].probe, coefficients)
+        checks[mode] = {"gradient": selfcheck.gradient_verdict(
+            result, mean, tolerance, mode != "nosync", size,
+            None if mode == "hpcrep" else reference)}
+    del coefficients, mean, tolerance, reference
+    results = time_rounds({m: t.step for m, t in timed.items()}, rounds, steps, items_per_step)
+    for mode, t in timed.items():
+        checks[mode]["weights"] = selfcheck.check_weights(
+            lambda t=t: hvd.broadcast_variables(list(t.state()), root_rank=0), t.step,
+            t.weights, mode != "nosync")
+    for mode, r in results.items():
+        r["check"] = checks[mode]
+        r["check"]["ok"] = all(c["ok"] for c in checks[mode].values() if isinstance(c, dict))
     return split_communication(results)
 
 
+def _probe(v: Variant, route: str, coefficients: list) -> list:
+    """The averaged probe gradient through ``v``'s tape or optimizer wrapper. Collective."""
+    if route == "optimizer":
+        return selfcheck.optimizer_probe(v.DistributedOptimizer, coefficients)
+    return selfcheck.tape_probe(v.DistributedGradientTape, coefficients)
+
+
 def split_communication(results: dict[str, dict]) -> dict[str, dict]:
-    """Set ``comm_ms``, ``compute_ms`` and ``comm_fraction`` of every mode from its step time and
-    the ``nosync`` step time (all ``None`` without a ``nosync`` run). Returns ``results``."""
-    base = results.get("nosync", {}).get("step_ms")
+    """Set ``comm_ms``, ``compute_ms``, ``comm_fraction`` and ``vs_nosync`` (throughput over
+    nosync's: median, min and max over rounds of the per-round ratio) of every mode from its
+    step times and nosync's (all ``None`` without a ``nosync`` run); then withhold the figures
+    of every mode whose self-check failed (``failed`` True). Returns ``results``."""
+    base_run = results.get("nosync", {})
+    base = base_run.get("step_ms")
     for r in results.values():
         if base is None:
-            r["comm_ms"] = r["compute_ms"] = r["comm_fraction"] = None
+            r["comm_ms"] = r["compute_ms"] = r["comm_fraction"] = r["vs_nosync"] = None
             continue
         comm = max(r["step_ms"] - base, 0.0)
         r["comm_ms"], r["compute_ms"] = comm, r["step_ms"] - comm  # their sum is the step
         r["comm_fraction"] = comm / r["step_ms"] if r["step_ms"] > 0 else 0.0
+        r["vs_nosync"] = round_ratio(base_run.get("round_ms") or [base],
+                                     r.get("round_ms") or [r["step_ms"]])
+    for r in results.values():
+        if not r.get("check", {}).get("ok", True):
+            r["failed"] = True
+            for key in ("step_ms", "step_ms_min", "step_ms_max", "throughput", "throughput_min",
+                        "throughput_max", "comm_ms", "compute_ms", "comm_fraction",
+                        "vs_nosync"):
+                r[key] = None
     return results
+
+
+def round_ratio(base_ms: Sequence[float], ms: Sequence[float]) -> dict[str, float]:
+    """Throughput of a variant over a base variant timed in the same rounds: ``base / ms`` per
+    round, as :func:`bench.timing.spread` (median, min, max). Local."""
+    if len(base_ms) != len(ms) or not ms:
+        raise ValueError(f"need the same rounds for both, got {len(base_ms)} and {len(ms)}")
+    return spread([b / t for b, t in zip(base_ms, ms)])
 
 
 def environment() -> dict[str, Any]:

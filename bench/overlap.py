@@ -157,8 +157,11 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
     times: dict[str, list[float]] = {k: [] for k in variants}
     busy: dict[str, list[float]] = {k: [] for k in variants}
     cores = 0
-    for _ in range(reps):
-        for name, fn in variants.items():
+    from bench.timing import interleaved_order  # noqa: PLC0415
+
+    for names in interleaved_order(list(variants), reps):
+        for name in names:
+            fn = variants[name]
             comm.Barrier()
             before = machine_busy_seconds()
             start = time.perf_counter()

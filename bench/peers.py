@@ -3,7 +3,8 @@
 Horovod 0.28.1 has no wheel for TF 2.21 and needs source edits to build (``make peers``,
 ``tools/peers.sh``); it gets a venv of its own, with the same TensorFlow, Keras, mpi4py and numpy
 as ``.venv`` and hpcrep installed editable, so that a benchmark job can run under that venv's
-Python and time Horovod's ``grouped_allreduce`` next to hpcrep in the same process.
+Python and time Horovod (``DistributedGradientTape``, or ``grouped_allreduce`` in an optimizer)
+in an MPI job of its own, against that job's own unsynchronised step.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def horovod_status(root: str) -> dict:
     if proc.returncode == 0:
         version, path = (proc.stdout.strip().splitlines() + ["?", "?"])[:2]
         return {"status": "importable", "python": python, "version": version, "path": path,
-                "note": "timed as the 'horovod' synchroniser (horovod.tensorflow."
-                        "grouped_allreduce, op=Average) next to hpcrep in the same job"}
+                "note": "timed as the 'horovod' variant (horovod.tensorflow."
+                        "DistributedGradientTape, or grouped_allreduce op=Average in SN-GAN's "
+                        "optimizers) in a job of its own with its own nosync"}
     last = (proc.stderr.strip().splitlines() or ["?"])[-1]
     return {"status": "not importable", "python": python, "error": last,
             "how_to_build": HOW_TO_BUILD}

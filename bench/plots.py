@@ -68,13 +68,14 @@ def model_figure(name: str, model: dict) -> Any:
     ranks = sorted({int(n) for r in runs.values() for n in r})
     base_mode = "hpcrep" if "1" in runs.get("hpcrep", {}) else next(
         (m for m, r in runs.items() if "1" in r), None)
-    if base_mode is not None:
+    if base_mode is not None and runs[base_mode]["1"].get("throughput"):
         one = runs[base_mode]["1"]["throughput"]
         ax1.plot(ranks, [n * one for n in ranks], **IDEAL,
                  label=f"ideal (n x 1-rank {PEER_NAMES.get(base_mode, base_mode)})")
     ax2.plot(ranks, [1.0] * len(ranks), **IDEAL, label="ideal")
     for mode, by_n in runs.items():
-        ns = sorted(by_n, key=int)
+        # a variant that failed its self-check has no figures
+        ns = sorted((n for n in by_n if by_n[n].get("throughput") is not None), key=int)
         style = {"color": colour(mode), "marker": "o", "label": PEER_NAMES.get(mode, mode)}
         ax1.plot([int(n) for n in ns], [by_n[n]["throughput"] for n in ns], **style)
         eff = [(int(n), by_n[n]["efficiency"]) for n in ns if by_n[n].get("efficiency") is not None]

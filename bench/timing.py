@@ -1,57 +1,143 @@
-"""Timing of training steps inside a benchmark job: warm-up excluded, slowest rank counted."""
+"""Timing of training steps inside a benchmark job: variants interleaved over repeated rounds,
+warm-up until step times settle, the slowest rank counted, the machine's load recorded.
+
+The pure parts (:func:`interleaved_order`, :func:`settled`, :func:`spread`) are what the
+collective ones (:func:`warm_up`, :func:`time_rounds`) and ``bench.allreduce``/``bench.overlap``
+build on."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+# Warm-up: a variant is warm when the median of its last WINDOW step times differs from the
+# median of the WINDOW before by less than TOLERANCE (relative), or after CAP steps.
+WINDOW, TOLERANCE, CAP = 3, 0.05, 40
 
-def time_steps(step: Callable[[], float], steps: int, warmup: int,
-               items_per_step: float) -> dict:
-    """Run ``warmup + steps`` calls of ``step`` and summarise the timed ones.
 
-    ``step`` returns the seconds it spent communicating (0 when it does not). Each step's wall
-    time and communication time are taken as the maximum over ranks (the slowest rank sets the
-    pace), then the median over timed steps is reported.
+def interleaved_order(names: Sequence[str], rounds: int) -> list[list[str]]:
+    """The order the variants run in each of ``rounds`` rounds: every round runs each name once,
+    rotated by one place per round, so that each variant takes every position equally often (a
+    slow spell, or a variant that leaves caches cold for the next, hits all alike). Local."""
+    names = list(names)
+    if rounds < 1 or not names:
+        raise ValueError(f"need rounds >= 1 and some variants, got rounds={rounds}, {names}")
+    k = len(names)
+    return [names[r % k:] + names[:r % k] for r in range(rounds)]
 
-    Collective: every rank must call this, with the same ``steps`` and ``warmup``.
+
+def settled(times: Sequence[float], window: int = WINDOW, tolerance: float = TOLERANCE) -> bool:
+    """True if the median of the last ``window`` of ``times`` differs from the median of the
+    ``window`` before it by less than ``tolerance`` of the latter (False with fewer than
+    ``2 * window`` times). Local."""
+    if window < 1 or len(times) < 2 * window:
+        return False
+    last = float(np.median(times[-window:]))
+    before = float(np.median(times[-2 * window:-window]))
+    return before > 0 and abs(last - before) / before < tolerance
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """``{"median", "min", "max"}`` of ``values`` (at least one). Local."""
+    if len(values) == 0:
+        raise ValueError("spread of no values")
+    return {"median": float(np.median(values)), "min": float(np.min(values)),
+            "max": float(np.max(values))}
+
+
+def warm_up(step: Callable[[], object], window: int = WINDOW, tolerance: float = TOLERANCE,
+            cap: int = CAP) -> list[float]:
+    """Run ``step`` until :func:`settled` holds for the slowest rank's step times, or ``cap``
+    steps; return those times (ms).
+
+    Collective: every rank must call this; every rank sees the same (slowest-rank) times, so all
+    stop after the same step.
+    """
+    times: list[float] = []
+    while len(times) < max(cap, 1):
+        start = time.perf_counter()
+        step()
+        times.append(float(_max_over_ranks(np.array([time.perf_counter() - start]))[0]) * 1e3)
+        if settled(times, window, tolerance):
+            break
+    return times
+
+
+def time_rounds(steps: dict[str, Callable[[], object]], rounds: int, steps_per_round: int,
+                items_per_step: float) -> dict[str, dict]:
+    """Time every step of ``steps`` (name -> one training step) over ``rounds`` rounds in
+    :func:`interleaved_order`, ``steps_per_round`` steps per variant per round (each warmed up
+    first with :func:`warm_up`).
+
+    A step's time is the slowest rank's; a round's figure is the median of its steps; each
+    variant's figure is the median over rounds with the rounds' min and max.
+
+    Collective: every rank must call this, with the same names and counts.
 
     Returns:
-        ``step_ms``, ``comm_ms``, ``compute_ms``, ``comm_fraction``, ``throughput`` (items/s for
-        the whole job, ``items_per_step`` being the global items of one step), the raw
-        ``step_times_ms``, and ``threads_per_rank`` (TensorFlow's intra-op threads on every
-        rank, None if they differ across ranks or TensorFlow is not loaded), which the report
-        checks before it compares rank counts.
+        name -> ``step_ms`` (median over rounds), ``step_ms_min``, ``step_ms_max``,
+        ``round_ms`` (each round's median, in round order), ``throughput`` (items/s of the whole
+        job at the median, ``throughput_min``/``throughput_max`` at the slowest/fastest round),
+        ``warmup_ms`` (the warm-up steps' times), ``rounds``, ``steps_per_round``,
+        ``step_times_ms`` (every timed step, in order) and ``threads_per_rank``.
     """
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    for _ in range(warmup):
-        step()
-    walls = np.empty(steps)
-    comms = np.empty(steps)
-    _barrier()
-    for i in range(steps):
-        start = time.perf_counter()
-        comms[i] = step()
-        walls[i] = time.perf_counter() - start
-    walls, comms = _max_over_ranks(walls), _max_over_ranks(comms)
-    step_s = float(np.median(walls))
-    comm_s = float(np.median(comms))
-    return {
-        "step_ms": step_s * 1e3,
-        "comm_ms": comm_s * 1e3,
-        "compute_ms": max(step_s - comm_s, 0.0) * 1e3,
-        "comm_fraction": comm_s / step_s if step_s > 0 else 0.0,
-        "throughput": items_per_step / step_s if step_s > 0 else 0.0,
-        "steps": steps,
-        "warmup": warmup,
-        "step_times_ms": [float(t * 1e3) for t in walls],
-        "threads_per_rank": _threads_per_rank(),
-    }
+    if steps_per_round < 1:
+        raise ValueError(f"need steps_per_round >= 1, got {steps_per_round}")
+    order = interleaved_order(list(steps), rounds)
+    warm = {name: warm_up(fn) for name, fn in steps.items()}
+    raw = {name: np.empty((rounds, steps_per_round)) for name in steps}
+    for r, names in enumerate(order):
+        for name in names:
+            _barrier()
+            for i in range(steps_per_round):
+                start = time.perf_counter()
+                steps[name]()
+                raw[name][r, i] = time.perf_counter() - start
+    threads = _threads_per_rank()
+    out = {}
+    for name, times in raw.items():
+        times = _max_over_ranks(times.ravel()).reshape(rounds, steps_per_round) * 1e3
+        per_round = [float(np.median(row)) for row in times]
+        s = spread(per_round)
+        out[name] = {"step_ms": s["median"], "step_ms_min": s["min"], "step_ms_max": s["max"],
+                     "round_ms": per_round,
+                     "throughput": items_per_step / s["median"] * 1e3,
+                     "throughput_min": items_per_step / s["max"] * 1e3,
+                     "throughput_max": items_per_step / s["min"] * 1e3,
+                     "warmup_ms": warm[name], "rounds": rounds,
+                     "steps_per_round": steps_per_round,
+                     "step_times_ms": [float(t) for t in times.ravel()],
+                     "threads_per_rank": threads}
+    return out
+
+
+def load_snapshot(sample_s: float = 1.0) -> dict:
+    """The machine's load now: ``os.getloadavg()`` and the share of all cores busy (``/proc/stat``
+    via :func:`machine_busy_seconds`) over the next ``sample_s`` seconds (None where /proc has no
+    such files). Local."""
+    before, start = machine_busy_seconds(), time.perf_counter()
+    time.sleep(sample_s)
+    after, wall = machine_busy_seconds(), time.perf_counter() - start
+    busy = None
+    if before[0] and before[0] == after[0] and after[2]:
+        busy = (after[1] - before[1]) / (wall * after[2])
+    return {"load_average": [round(x, 2) for x in os.getloadavg()],
+            "busy_fraction": None if busy is None else round(min(max(busy, 0.0), 1.0), 3),
+            "cores": os.cpu_count() or 0}
+
+
+def load_is_high(snapshot: dict, cores: int, use_load_average: bool = True) -> bool:
+    """True if ``snapshot`` (:func:`load_snapshot`, taken while the benchmark was not running)
+    shows other work: more than 25% of the cores busy, or (``use_load_average``: False right
+    after the benchmark, whose own ranks the 1-minute average still counts) a 1-minute load
+    average above a quarter of ``cores``. Local."""
+    load = (snapshot.get("load_average") or [0.0])[0] if use_load_average else 0.0
+    busy = snapshot.get("busy_fraction") or 0.0
+    return load > 0.25 * max(cores, 1) or busy > 0.25
 
 
 def _threads_per_rank() -> Optional[int]:

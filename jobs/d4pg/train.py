@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes,
+from bench.job import (Timed, add_bench_arguments, gradient_summary, parse_modes, run_modes,
                        weights_agree, write_result)
 from bench.sync import MODES
 
@@ -131,14 +131,12 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
                         learner.config, v.DistributedGradientTape)
         hvd.broadcast_variables(timed.variables, root_rank=0)
 
-        def step() -> float:
-            timed.step(*replay.sample(args.batch))
-            return 0.0
-        return step
+        return Timed(lambda: timed.step(*replay.sample(args.batch)), lambda: timed.variables,
+                     lambda: timed.trainable_variables)
 
-    runs = run_modes(factory, modes, args.steps, args.warmup, args.batch * size)
+    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size)
     for r in runs.values():
-        r["learner_steps_per_s"] = 1e3 / r["step_ms"]
+        r["learner_steps_per_s"] = 1e3 / r["step_ms"] if r.get("step_ms") else None
     write_result(args.bench_json, {
         "model": "d4pg", "unit": "transitions/s", "runs": runs,
         **gradient_summary(learner.trainable_variables),

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes,
+from bench.job import (Timed, add_bench_arguments, gradient_summary, parse_modes, run_modes,
                        weights_agree, write_result)
 from bench.sync import MODES
 
@@ -132,46 +132,59 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
     images = tf.constant(rng.random((args.batch, args.image_size, args.image_size, 3), np.float32))
     labels = tf.constant(rng.integers(0, 1000, args.batch))
 
-    def factory(v):
+    def factory(v) -> Timed:
         train_step = clf.compile_step(v.DistributedGradientTape)  # the same step, v underneath
+        # Every variant trains the same model: the weights check broadcasts it (and the
+        # optimizer's slots) from rank 0 before its one step.
+        return Timed(lambda: train_step(images, labels).numpy(), lambda: clf.variables,
+                     lambda: clf.model.trainable_variables)
 
-        def step() -> float:
-            train_step(images, labels).numpy()
-            return 0.0
-        return step
-
-    runs = run_modes(factory, modes, args.steps, args.warmup, args.batch * size)
+    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size)
     write_result(args.bench_json, {"model": "resnet50", "unit": "images/s", "runs": runs,
                                    **gradient_summary(clf.model.trainable_variables),
                                    "config": vars(args)})
     return 0
 
 
+MWMS_PACK_BYTES = 16 << 20  # hpcrep's default fusion threshold (HPCREP_FUSION_THRESHOLD)
+
+
 def bench_mwms(args: argparse.Namespace) -> int:
-    """Time ResNet-50 steps under MultiWorkerMirroredStrategy, one worker per MPI rank."""
+    """Time ResNet-50 steps under MultiWorkerMirroredStrategy, one worker per MPI rank, with
+    gradients all-reduced in packs of 16 MiB (``CommunicationOptions(bytes_per_pack)``, like
+    hpcrep's fusion buffers) over TensorFlow's collective ops (gRPC on localhost), interleaved
+    with the same step on a plain model outside the strategy (``nosync``, this job's own).
+    Self-checks: the probe gradient of :mod:`bench.selfcheck` through the strategy's all-reduce,
+    and the weights' digests across ranks after the timing."""
     from mpi4py import MPI  # noqa: PLC0415
 
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     os.environ["TF_CONFIG"] = json.dumps({
         "cluster": {"worker": [f"localhost:{args.port_base + i}" for i in range(size)]},
         "task": {"type": "worker", "index": rank}})
+    import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     from hpcrep.tensorflow.basics import configure_threads  # noqa: PLC0415
     import hpcrep.comm  # noqa: PLC0415
-    from bench.timing import time_steps  # noqa: PLC0415
+    from bench import selfcheck  # noqa: PLC0415
+    from bench.job import split_communication  # noqa: PLC0415
+    from bench.timing import time_rounds  # noqa: PLC0415
     from jobs.resnet import model as resnet  # noqa: PLC0415
 
     hpcrep.comm.init()
     configure_threads()
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=MWMS_PACK_BYTES)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     global_batch = args.batch * size
+    lr = resnet.scaled_learning_rate(args.base_lr, global_batch)
     with strategy.scope():
         model = resnet.resnet50(args.image_size, 3, 1000)
-        optimizer = tf.keras.optimizers.SGD(
-            resnet.scaled_learning_rate(args.base_lr, global_batch), momentum=0.9)
+        optimizer = keras.optimizers.SGD(lr, momentum=0.9)
         optimizer.build(model.trainable_variables)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(reduction="none")
+    plain = resnet.resnet50(args.image_size, 3, 1000)  # outside the strategy: no exchange
+    plain_opt = keras.optimizers.SGD(lr, momentum=0.9)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction="none")
     rng = np.random.default_rng(rank)
     images = tf.constant(rng.random((args.batch, args.image_size, args.image_size, 3), np.float32))
     labels = tf.constant(rng.integers(0, 1000, args.batch))
@@ -183,16 +196,47 @@ def bench_mwms(args: argparse.Namespace) -> int:
         optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces (sum)
         return loss
 
+    @tf.function
+    def plain_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(loss_fn(y, plain(x, training=True))) / args.batch
+        plain_opt.apply(tape.gradient(loss, plain.trainable_variables), plain.trainable_variables)
+        return loss
+
     step_fn = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
 
-    def step() -> float:
-        step_fn(images, labels)
-        return 0.0
+    # The probe: the strategy's all-reduce of this rank's known gradient, over the size.
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    coefficients = selfcheck.probe_coefficients(shapes, rank)
+    mean, tolerance = selfcheck.exact_mean_and_tolerance(coefficients)
+    consts = [tf.constant(c) for c in coefficients]
 
-    timed = time_steps(step, args.steps, args.warmup, global_batch)
-    timed["comm_ms"] = timed["compute_ms"] = timed["comm_fraction"] = None
-    write_result(args.bench_json, {"model": "resnet50", "unit": "images/s",
-                                   "runs": {"mwms": timed}, "config": vars(args)})
+    def probe_replica():
+        ctx = tf.distribute.get_replica_context()
+        return [g / size for g in ctx.all_reduce(tf.distribute.ReduceOp.SUM, consts,
+                                                 options=options)]
+
+    probed = tf.function(lambda: strategy.run(probe_replica))()
+    result = [np.asarray(strategy.experimental_local_results(g)[0]) for g in probed]
+    gradient = selfcheck.gradient_verdict(result, mean, tolerance, True, size)
+    del coefficients, mean, tolerance, probed, result
+
+    runs = time_rounds({"mwms": lambda: step_fn(images, labels),
+                        "nosync": lambda: plain_step(images, labels).numpy()},
+                       args.rounds, args.steps, global_batch)
+    digests = MPI.COMM_WORLD.allgather(selfcheck.weights_digest(
+        [strategy.experimental_local_results(v)[0] if hasattr(v, "values") else v
+         for v in model.trainable_variables]))
+    runs["mwms"]["check"] = {"gradient": gradient,
+                             "weights": selfcheck.weights_verdict(digests, True)}
+    runs["mwms"]["check"]["ok"] = gradient["ok"] and runs["mwms"]["check"]["weights"]["ok"]
+    runs["nosync"]["check"] = {"ok": True, "note": "a plain model outside the strategy: "
+                               "nothing to check"}
+    write_result(args.bench_json, {
+        "model": "resnet50", "unit": "images/s", "runs": split_communication(runs),
+        "mwms": {"bytes_per_pack": MWMS_PACK_BYTES, "implementation": "AUTO (RING on CPU)",
+                 "transport": "gRPC over localhost TCP"},
+        **gradient_summary(model.trainable_variables), "config": vars(args)})
     return 0
 
 

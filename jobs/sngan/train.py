@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from bench.job import (add_bench_arguments, gradient_summary, parse_modes, run_modes,
+from bench.job import (Timed, add_bench_arguments, gradient_summary, parse_modes, run_modes,
                        weights_agree, write_result)
 from bench.sync import MODES
 
@@ -105,12 +105,13 @@ def write_samples(gan, path: str, n: int, seed: int) -> None:
     os.replace(tmp, path)
 
 
-def build(args, rep, x, y, variant=None):
+def build(args, rep, x, y, variant=None, sync=None):
     from jobs.sngan.model import SNGAN  # noqa: PLC0415
 
     # hpcrep's own optimizer wrapping is the Replicator's (variant None or "hpcrep").
     wrap = None if variant is None or variant.name == "hpcrep" else variant.DistributedOptimizer
-    sync = variant.sync_batch_norm if variant is not None else args.sync != "nosync"
+    if sync is None:
+        sync = variant.sync_batch_norm if variant is not None else args.sync != "nosync"
     return SNGAN(rep, input_fn(x, y, args.batch, args.seed), args.image_size, x.shape[-1], 10,
                  args.g_ch, args.d_ch, batch=args.batch, sync=sync, n_dis=args.n_dis,
                  lr=args.lr, wrap_optimizer=wrap)
@@ -159,20 +160,21 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
     x, y = load(args, rank, size)
     gans = {}
 
-    def factory(v):
-        gan = gans[v.name] = build(args, rep, x, y, v)  # the same model and steps, v underneath
+    def factory(v) -> Timed:
+        # The same model and steps, v underneath. Batch norm is each replica's own in every
+        # variant (as nosync's must be): the variants differ only in how gradients are averaged.
+        gan = gans[v.name] = build(args, rep, x, y, v, sync=False)
+        return Timed(gan.train_step, lambda: gan.variables,
+                     lambda: gan.generator.trainable_variables
+                     + gan.discriminator.trainable_variables, probe="optimizer")
 
-        def step() -> float:
-            gan.train_step()
-            return 0.0
-        return step
-
-    runs = run_modes(factory, modes, args.steps, args.warmup, args.batch * size * args.n_dis)
+    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size * args.n_dis)
     gan = next(iter(gans.values()))
     params = gan.generator.trainable_variables + gan.discriminator.trainable_variables
     write_result(args.bench_json, {
         "model": "sngan", "unit": "real images/s", "runs": runs,
-        **gradient_summary(params), "syncs_per_step": args.n_dis + 1, "config": vars(args)})
+        **gradient_summary(params), "syncs_per_step": args.n_dis + 1,
+        "batch_norm": "local in every variant", "config": vars(args)})
     return 0
 
 

@@ -31,7 +31,7 @@ def test_sngan_job_times_hpcrep_and_horovod_under_the_peers_python(tmp_path):
     command = mpirun_command(2, [status["python"], "-m", "jobs.sngan",
                                  "--modes", "nosync,hpcrep,horovod", "--bench-json", str(out),
                                  "--image-size", "16", "--g-ch", "16", "--d-ch", "16",
-                                 "--batch", "8", "--n-dis", "1", "--steps", "3", "--warmup", "1"])
+                                 "--batch", "8", "--n-dis", "1", "--rounds", "2", "--steps", "2"])
     env = dict(mpirun_env(), TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, **thread_env(1))
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540,
                           cwd=ROOT)

@@ -51,19 +51,43 @@ def test_projection_omits_what_this_run_did_not_measure():
     assert proj["memcpy_gbps"] is None
 
 
+def run(items: float, round_ms: list, threads: int = 1) -> dict:
+    """A job's timing of one variant, as bench.timing.time_rounds writes it."""
+    from bench.timing import spread
+
+    s = spread(round_ms)
+    return {"step_ms": s["median"], "step_ms_min": s["min"], "step_ms_max": s["max"],
+            "round_ms": list(round_ms), "throughput": items / s["median"] * 1e3,
+            "throughput_min": items / s["max"] * 1e3, "throughput_max": items / s["min"] * 1e3,
+            "threads_per_rank": threads, "check": {"ok": True}}
+
+
+def job(runs: dict) -> dict:
+    from bench.job import split_communication
+
+    return split_communication(runs)
+
+
 def fake_report() -> dict:
-    def run(thr, step, comm, threads=1):
-        return {"throughput": thr, "step_ms": step, "comm_ms": comm, "compute_ms": step - comm,
-                "comm_fraction": comm / step, "threads_per_rank": threads}
+    main1 = job({"hpcrep": run(8, [80, 80, 80]), "nosync": run(8, [80, 80, 80]),
+                 "mpi4py": run(8, [100, 100, 100])})
+    main2 = job({"hpcrep": run(16, [100, 110, 120]), "nosync": run(16, [80, 80, 90]),
+                 "mpi4py": run(16, [125, 132, 150])})
+    mwms2 = job({"mwms": run(16, [160, 160, 180]), "nosync": run(16, [80, 80, 90])})
+    runs = {mode: {"1": main1[mode], "2": main2[mode]} for mode in main1}
+    runs["mwms"] = {"2": mwms2["mwms"]}
     return {
         "created": "2026-01-01T00:00:00", "quick": True, "ranks": [1, 2], "seconds": 1.0,
         "machine": {"host": "h", "cores": 2, "cpu": "c", "memory_gib": 1, "load_average": [0]},
+        "load": {"start": {"load_average": [0.1, 0.1, 0.1], "busy_fraction": 0.02},
+                 "end": {"load_average": [1.9, 1.0, 0.5], "busy_fraction": 0.03}},
         "versions": {"python": "3.11"}, "errors": [], "cores_per_rank": 1,
         "peers": {"horovod": {"status": "not importable", "error": "ModuleNotFoundError"}},
         "models": {"resnet50": {"unit": "images/s", "grad_bytes": 1e8, "grad_tensors": 214,
-                                "runs": {"hpcrep": {"1": run(100, 80, 0), "2": run(150, 107, 30)},
-                                         "nosync": {"1": run(100, 80, 0), "2": run(200, 80, 0)},
-                                         "mwms": {"1": run(90, 90, 0), "2": run(120, 133, 0)}}}},
+                                "runs": runs, "mwms": {"bytes_per_pack": 16 << 20,
+                                                       "implementation": "AUTO (RING on CPU)",
+                                                       "transport": "gRPC over localhost TCP"},
+                                "peer_jobs": {"mwms": {"2": {"nosync": mwms2["nosync"]}}}}},
         "allreduce": {"memcpy_gbps": 11.0, "runs": {"2": {
             "sizes": [{"bytes": 4096, "raw_ms": 0.02, "raw_inplace_ms": 0.02,
                        "hpcrep_numpy_ms": 0.05, "hpcrep_tf_ms": 0.3},
@@ -80,10 +104,23 @@ def test_derive_and_render_then_rerender_from_json(tmp_path):
 
     data = fake_report()
     report.derive(data)
-    runs = data["models"]["resnet50"]["runs"]
-    assert runs["hpcrep"]["2"]["efficiency"] == pytest.approx(0.75)
-    assert runs["nosync"]["2"]["efficiency"] == pytest.approx(1.0)
-    assert data["models"]["resnet50"]["ratios"]["mwms"]["2"] == pytest.approx(1.25)
+    model = data["models"]["resnet50"]
+    runs = model["runs"]
+    assert runs["hpcrep"]["2"]["efficiency"] == pytest.approx(16 / 110 / (2 * 8 / 80))
+    # hpcrep/no-sync and hpcrep/raw MPI: per-round ratios in the same job
+    # rounds: 80/100, 80/110, 90/120
+    assert model["ratios"]["nosync"]["2"] == {"median": pytest.approx(0.75),
+                                              "min": pytest.approx(80 / 110),
+                                              "max": pytest.approx(0.8)}
+    # rounds: 125/100, 132/110, 150/120
+    assert model["ratios"]["mpi4py"]["2"] == {"median": pytest.approx(1.25),
+                                              "min": pytest.approx(1.2),
+                                              "max": pytest.approx(1.25)}
+    # hpcrep/MWMS: each against its own job's no-sync (MWMS: 0.5 in every round), spreads
+    # combined outward
+    assert model["ratios"]["mwms"]["2"] == {"median": pytest.approx(1.5),
+                                            "min": pytest.approx((80 / 110) / 0.5),
+                                            "max": pytest.approx(1.6)}
     assert data["projection"]["software_ms"] == 0.25
     assert data["projection"]["memcpy_gbps"] == 11.0
     paths = report.render(data, str(tmp_path))
@@ -93,8 +130,11 @@ def test_derive_and_render_then_rerender_from_json(tmp_path):
     for p in paths:
         assert (tmp_path / p.split("/")[-1]).stat().st_size > 500
     md = (tmp_path / "report.md").read_text()
-    assert "| hpcrep | 2 | 1 | 150 |" in md and "not importable" in md and "1.25x" in md
-    assert "Cores per rank: 1 " in md and "| resnet50 | 2 | 0.75 | 0.75 | 1.25 |" in md
+    assert "not importable" in md and "Cores per rank: 1 " in md
+    assert "| model | ranks | hpcrep/no-sync | hpcrep/raw MPI | hpcrep/MWMS |" in md
+    assert "| resnet50 | 2 | 0.75 [0.72-0.80] | 1.25 [1.20-1.25] | 1.5 [1.4-1.6] |" in md
+    assert "bytes_per_pack=16 MiB" in md and "gRPC over localhost TCP" in md
+    assert "WARNING" not in md                       # the load stayed low
     (tmp_path / "report.md").unlink()
     (tmp_path / "projection.png").unlink()
     (tmp_path / "report.json").write_text(json.dumps(data))
@@ -114,29 +154,98 @@ def test_efficiency_is_against_one_rank_at_the_same_cores_per_rank():
     assert eff(150.0, 2, None, threads=1, base_threads=1) is None
 
 
-def test_derive_pairs_horovod_with_hpcrep_of_its_own_job_and_checks_threads():
+def test_summary_leads_with_no_sync_and_compares_horovod_through_its_own_job():
     from bench import report
 
     data = fake_report()
     model = data["models"]["resnet50"]
-    model["runs"]["nosync"]["2"]["threads_per_rank"] = 2      # a run at other cores per rank
-    model["runs"]["horovod"] = {"1": dict(model["runs"]["hpcrep"]["1"], throughput=90.0),
-                                "2": dict(model["runs"]["hpcrep"]["2"], throughput=100.0)}
-    model["paired"] = {"horovod": {"1": dict(model["runs"]["hpcrep"]["1"], throughput=95.0),
-                                   "2": dict(model["runs"]["hpcrep"]["2"], throughput=120.0)}}
+    hv = job({"horovod": run(16, [100, 100, 100]), "nosync": run(16, [100, 100, 100])})
+    model["runs"]["horovod"] = {"2": hv["horovod"]}
+    model["peer_jobs"]["horovod"] = {"2": {"nosync": hv["nosync"]}}
+    model["horovod"] = {"HOROVOD_FUSION_THRESHOLD": "16777216", "HOROVOD_CYCLE_TIME": "1"}
     data["peers"]["horovod"] = {"status": "importable", "version": "0.28.1", "python": "p"}
     report.derive(data)
-    assert model["runs"]["nosync"]["2"]["efficiency"] is None
-    assert model["runs"]["horovod"]["2"]["efficiency"] == pytest.approx(100 / 180)
-    # hpcrep/Horovod from the paired job (120/100), not from the main job's hpcrep (150/100).
-    assert model["ratios"]["horovod"] == {"1": pytest.approx(95 / 90), "2": pytest.approx(1.2)}
+    # Horovod's job ran at no-sync speed (no slowdown of its own): hpcrep/Horovod is hpcrep's
+    # own hpcrep/no-sync, not hpcrep's throughput over Horovod's raw throughput (0.91).
+    assert model["ratios"]["horovod"]["2"]["median"] == pytest.approx(0.75)
     rows = report.summary_rows(data)
-    assert rows[0] == ["model", "ranks", "hpcrep efficiency", "hpcrep/no-sync", "hpcrep/Horovod",
-                       "hpcrep/MWMS"]
-    assert ["resnet50", "2", "0.75", "0.75", "1.20", "1.25"] == rows[-1]
+    assert rows[0] == ["model", "ranks", "hpcrep/no-sync", "hpcrep/raw MPI", "hpcrep/Horovod",
+                       "hpcrep/MWMS", "hpcrep efficiency vs 1 rank", "self-checks"]
+    assert rows[-1][4] == "0.75 [0.72-0.80]" and rows[-1][-1] == "ok"
     md = report.markdown(data, [])
-    assert "| resnet50 | 2 | 120 | 100 | 1.20 |" in md
+    assert "HOROVOD_FUSION_THRESHOLD=16777216" in md and "DistributedGradientTape" in md
+    assert "grouped_allreduce` vs" not in md
+    assert "| resnet50 | 2 | 0.75 [0.72-0.80] | 1 | 0.75 [0.72-0.80] |" in md
     assert "hpcrep/Horovod" in report.summary(data)
+
+
+def test_a_variant_that_failed_its_self_check_is_marked_not_timed():
+    from bench import report
+
+    data = fake_report()
+    bad = dict(data["models"]["resnet50"]["runs"]["mpi4py"]["2"])
+    bad["check"] = {"ok": False, "weights": {"ok": False, "detail": "weights differ"}}
+    main2 = job({"hpcrep": data["models"]["resnet50"]["runs"]["hpcrep"]["2"],
+                 "nosync": data["models"]["resnet50"]["runs"]["nosync"]["2"], "mpi4py": bad})
+    assert main2["mpi4py"]["failed"] and main2["mpi4py"]["throughput"] is None
+    assert main2["hpcrep"]["throughput"] is not None
+    data["models"]["resnet50"]["runs"]["mpi4py"]["2"] = main2["mpi4py"]
+    report.derive(data)
+    assert "2" not in data["models"]["resnet50"]["ratios"]["mpi4py"]   # no ratio from it
+    rows = report.summary_rows(data)
+    assert rows[-1][-1] == "FAILED: raw MPI" and rows[-1][3] == "-"
+    md = report.markdown(data, [])
+    assert "**FAILED**: weights differ" in md
+
+
+def test_high_load_is_warned_about():
+    from bench import report
+
+    data = fake_report()
+    report.derive(data)
+    assert report.load_warning(data) is None
+    data["load"]["start"] = {"load_average": [4.2, 3.0, 2.0], "busy_fraction": 0.9}
+    assert "before" in report.load_warning(data)
+    assert "WARNING" in report.markdown(data, []) and "WARNING" in report.summary(data)
+    data["load"]["start"]["load_average"] = [0.1] * 3
+    data["load"]["start"]["busy_fraction"] = 0.05
+    data["load"]["end"] = {"load_average": [3.0] * 3, "busy_fraction": 0.05}
+    assert report.load_warning(data) is None     # the end's average counts the run itself
+
+
+def test_spread_formatting_keeps_only_the_digits_the_spread_allows():
+    from bench.report import fmt_figure, fmt_spread
+
+    assert fmt_spread(155.0, 124.0, 186.0) == "160 [120-190]"      # +-20%: two digits
+    assert fmt_spread(1.0, 0.985, 1.015) == "1.00 [0.98-1.02]"
+    assert fmt_spread(0.7273, 0.7273, 0.8) == "0.73 [0.72-0.80]"
+    assert fmt_spread(154.2, 153.9, 154.6) == "154.2 [153.9-154.6]"
+    assert fmt_spread(300.0, 43.0, 400.0) == "300 [40-400]"         # the min keeps a digit
+    assert fmt_spread(0.156, 0.093, 0.219) == "0.16 [0.09-0.22]"
+    assert fmt_spread(2.5, 2.5, 2.5) == "2.5"                          # no spread: 3 digits
+    assert fmt_spread(1234.5) == "1.23e+03"
+    assert fmt_spread(None) == "-" and fmt_figure(None) == "-"
+    assert fmt_figure({"median": 1.0, "min": 0.9, "max": 1.1}) == "1.0 [0.9-1.1]"
+
+
+def test_the_model_is_checked_at_the_measured_points():
+    from bench import report
+
+    data = fake_report()
+    report.derive(data)
+    checked = data["projection"]["checked"]
+    assert checked["network"]["name"] == "one node, shared memory"
+    assert checked["network"]["bandwidth_gbps"] == 11.0
+    # t_c = 80 ms; one exchange of 1e8 B on 2 ranks: 0.25 ms + 1e8 / 11e9 s + 6 buffers x 2 x 1 us
+    t = 0.25e-3 + 1e8 / 11e9 + 6 * 2 * 1e-6
+    assert checked["models"]["resnet50"]["2"] == pytest.approx(0.08 / (0.08 + t))
+    md = report.markdown(data, [])
+    assert "## The model against this run's measurements" in md and "is a model" in md
+    assert f"| resnet50 | 2 | {0.08 / (0.08 + t):.2f} | 0.73 | 0.75 [0.72-0.80] |" in md
+    link = report.check_points({"m": {"compute_ms": 10.0, "grad_bytes": 1e6}}, 0.1, 11.0,
+                               16 << 20, [1, 2, 4], {"nodes": 2, "link": "2gbit"})
+    assert link["network"]["bandwidth_gbps"] == 0.25 and set(link["models"]["m"]) == {"2", "4"}
+    assert "omitted" in report.check_points({}, None, 11.0, 16 << 20, [2])
 
 
 def test_without_the_allreduce_benchmark_the_projection_is_omitted_not_invented(tmp_path):
@@ -185,4 +294,18 @@ def test_a_report_from_an_older_version_is_rederived_before_rendering(tmp_path):
     assert main(["report", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "report.json").read_text())
     assert "rows" in saved["projection"]["models"]["resnet50"]
-    assert saved["models"]["resnet50"]["runs"]["hpcrep"]["2"]["efficiency"] == pytest.approx(0.75)
+    assert saved["models"]["resnet50"]["runs"]["hpcrep"]["2"]["efficiency"] == pytest.approx(
+        16 / 110 / (2 * 8 / 80))
+
+
+def test_idle_time_is_estimated_from_the_jobs_cpu_seconds():
+    from bench import report
+
+    data = fake_report()
+    assert report.idle_seconds(data) is None
+    data["models"]["resnet50"]["jobs"] = {"1/hpcrep": {"cpu_seconds": 100.0},
+                                          "2/hpcrep": {"cpu_seconds": 300.0}}
+    data["allreduce_cpu_seconds"] = 40.0
+    assert report.idle_seconds(data) == pytest.approx(100 + 150 + 20)
+    report.derive(data)
+    assert "270 CPU s per rank" in report.markdown(data, [])
