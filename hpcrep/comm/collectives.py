@@ -37,10 +37,18 @@ _lock = threading.RLock()
 
 
 @contextlib.contextmanager
-def _collective(kind: str, names: Sequence[str] = ()) -> Iterator[None]:
-    """Hold the collective lock, with the stall watchdog watching this call (see watchdog)."""
+def collective(kind: str, names: Sequence[str] = ()) -> Iterator[None]:
+    """Hold the collective lock, with the stall watchdog watching this call (see watchdog).
+
+    Wrap any MPI call on hpcrep's communicators made outside this module (the compiled path's
+    ``Dup``, for one) so that it never interleaves with another thread's collective. Local (it
+    communicates nothing itself); the caller's MPI call inside it is what is collective.
+    """
     with _lock, watchdog.watching(kind, names):
         yield
+
+
+_collective = collective  # the name this module's collectives call (tests wrap it)
 
 
 def _names(arrays: Sequence[Any], name: Optional[str], prefix: str) -> list[str]:
@@ -70,10 +78,16 @@ def check_scale_factors(op: ReduceOp, prescale: float, postscale: float) -> None
             "factors or use op=Sum.")
 
 
-def _hierarchical(target: Any) -> bool:
-    """Whether allreduces on ``target`` go through node leaders (HPCREP_HIERARCHICAL_ALLREDUCE)."""
+def hierarchical(target: Any) -> bool:
+    """Whether allreduces on ``target`` go through node leaders (HPCREP_HIERARCHICAL_ALLREDUCE).
+
+    Equal on every rank of ``target``. Local.
+    """
     return (target.nodes > 1 and target.widest_node > 1
             and bool(config.get("HPCREP_HIERARCHICAL_ALLREDUCE")))
+
+
+_hierarchical = hierarchical
 
 
 def nonblocking(target: Any) -> bool:
