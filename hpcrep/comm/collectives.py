@@ -101,7 +101,7 @@ def nonblocking(target: Any) -> bool:
 def chunks(count: int, itemsize: int, chunk_bytes: int) -> list[slice]:
     """Return the consecutive pieces, of at most ``chunk_bytes`` (``HPCREP_ALLREDUCE_CHUNK``; 0
     or less: no limit), in which a buffer of ``count`` items is allreduced. The compiled op cuts
-    buffers the same way (``AllreduceLarge`` in hpcrep/tensorflow/native/hpcrep_ops.cc), so both
+    buffers the same way (``AllreduceLarge`` in hpcrep/tensorflow/native/execute.cc), so both
     paths give the same bits. Local."""
     per = max(1, chunk_bytes // itemsize) if chunk_bytes > 0 else max(count, 1)
     pieces = [slice(start, min(start + per, count)) for start in range(0, count, per)]
