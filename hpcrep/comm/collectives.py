@@ -38,10 +38,18 @@ _lock = threading.RLock()
 
 
 @contextlib.contextmanager
-def _collective(kind: str, names: Sequence[str] = ()) -> Iterator[None]:
-    """Hold the collective lock, with the stall watchdog watching this call (see watchdog)."""
+def collective(kind: str, names: Sequence[str] = ()) -> Iterator[None]:
+    """Hold the collective lock, with the stall watchdog watching this call (see watchdog).
+
+    Wrap any MPI call on hpcrep's communicators made outside this module (the compiled path's
+    ``Dup``, for one) so that it never interleaves with another thread's collective. Local (it
+    communicates nothing itself); the caller's MPI call inside it is what is collective.
+    """
     with _lock, watchdog.watching(kind, names):
         yield
+
+
+_collective = collective  # the name this module's collectives call (tests wrap it)
 
 
 def _names(arrays: Sequence[Any], name: Optional[str], prefix: str) -> list[str]:
@@ -104,10 +112,14 @@ class Scaling:
             np.multiply(buf, self.post, out=buf, casting="unsafe")
 
 
-def _hierarchical(target: Any) -> bool:
-    """Whether allreduces on ``target`` go through node leaders (HPCREP_HIERARCHICAL_ALLREDUCE)."""
+def hierarchical(target: Any) -> bool:
+    """Whether allreduces on ``target`` go through node leaders (HPCREP_HIERARCHICAL_ALLREDUCE).
+
+    Equal on every rank of ``target``. Local.
+    """
     return (target.nodes > 1 and target.widest_node > 1
             and bool(config.get("HPCREP_HIERARCHICAL_ALLREDUCE")))
+
 
 
 def nonblocking(target: Any) -> bool:
@@ -121,7 +133,7 @@ def nonblocking(target: Any) -> bool:
 def chunks(count: int, itemsize: int, chunk_bytes: int) -> list[slice]:
     """Return the consecutive pieces, of at most ``chunk_bytes`` (``HPCREP_ALLREDUCE_CHUNK``; 0
     or less: no limit), in which a buffer of ``count`` items is allreduced. The compiled op cuts
-    buffers the same way (``AllreduceLarge`` in hpcrep/tensorflow/native/hpcrep_ops.cc), so both
+    buffers the same way (``AllreduceLarge`` in hpcrep/tensorflow/native/execute.cc), so both
     paths give the same bits. Local."""
     per = max(1, chunk_bytes // itemsize) if chunk_bytes > 0 else max(count, 1)
     pieces = [slice(start, min(start + per, count)) for start in range(0, count, per)]
@@ -200,7 +212,7 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
     with _collective("allreduce", names):
         target = resolve(communicator)  # .comm; .local and .cross for hierarchical reductions
         comm = target.comm
-        hierarchical = _hierarchical(target)
+        by_node = hierarchical(target)
         # HPCREP_HIERARCHICAL_ALLREDUCE (like every setting that picks MPI calls) was checked to
         # be equal on every rank by init(), so it is not part of the agreement.
         _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
@@ -212,7 +224,7 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
             # to the pool once the last of them is gone.
             buf = fusion.pack(bucket, arrays, scaling.pre).hand_over()
             if n > 1:
-                _allreduce_in_place(target, buf, op, hierarchical)
+                _allreduce_in_place(target, buf, op, by_node)
             scaling.finish(buf)
             buffers.append(buf)
         return buffers

@@ -51,8 +51,8 @@ def mpi_type_and_op(dtype: np.dtype, op: ReduceOp) -> tuple[Any, Any]:
     if dtype.name in _HALF:
         return MPI.UINT16_T, _half_op(dtype.name, op)
     try:
-        return MPI._typedict[dtype.char], mpi_op(op)
-    except KeyError:
+        return MPI.Datatype.fromcode(dtype.char), mpi_op(op)
+    except (KeyError, ValueError, MPI.Exception):  # no such code, or MPI lacks the type
         raise TypeError(f"cannot reduce arrays of dtype {dtype.name} over MPI; use a numeric "
                         "dtype (float16/32/64, bfloat16, int8..int64, uint8..uint64, complex)"
                         ) from None

@@ -62,20 +62,24 @@ def _scale(tensor: tf.Tensor, factor: float) -> tf.Tensor:
     return tf.cast(tf.cast(tensor, tf.float64) * factor, tensor.dtype)
 
 
-def _host_grouped_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
-                            name: Optional[str], communicator: comm.Communicator
-                            ) -> list[tf.Tensor]:
+def _allreduce_dense(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
+                     name: Optional[str], communicator: comm.Communicator) -> list[tf.Tensor]:
+    """Allreduce dense tensors (no gradient) on the path :func:`fused.choose_allreduce_path`
+    picks: compiled, fused on the host, or one host call.
+
+    Collective: every rank of ``communicator`` must call this, in the same order, with matching
+    tensors.
+    """
     check_scale_factors(op, pre, post)
     low = [i for i, t in enumerate(tensors) if t.dtype in _LOW_PRECISION]
     if low and (pre != 1.0 or post != 1.0):
         return _allreduce_low_precision_scaled(tensors, low, op, pre, post, name, communicator)
-    if communicator.size() == 1 and (pre * post == 1.0
-                                     or all(t.dtype.is_floating for t in tensors)):
-        # One rank: every reduction is the identity, so skip the host round trip entirely.
+    path = fused.choose_allreduce_path(tensors, pre, post, communicator)
+    if path is fused.AllreducePath.IDENTITY:
         require_no_xla("hpcrep_allreduce")
         return [tf.identity(t) if pre * post == 1.0 else _scale(t, pre * post) for t in tensors]
-    if fused.native_handles(tensors, communicator) or fused.can_fuse(tensors):
-        return fused.fused_allreduce(tensors, op, pre, post, name, communicator)
+    if path is not fused.AllreducePath.HOST:
+        return fused.fused_allreduce(path, tensors, op, pre, post, name, communicator)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         return comm.grouped_allreduce(arrays, op, pre, post, name, communicator)
@@ -96,11 +100,11 @@ def _allreduce_low_precision_scaled(tensors: Sequence[tf.Tensor], low: list[int]
     out: list = [None] * len(tensors)
     rest = [i for i in range(len(tensors)) if i not in low]
     if rest:
-        for i, y in zip(rest, _host_grouped_allreduce([tensors[i] for i in rest], op, pre, post,
+        for i, y in zip(rest, _allreduce_dense([tensors[i] for i in rest], op, pre, post,
                                                       name, communicator)):
             out[i] = y
     after = post / communicator.size() if op is ReduceOp.Average else post
-    summed = _host_grouped_allreduce([_scale(tensors[i], pre) for i in low], ReduceOp.Sum, 1.0,
+    summed = _allreduce_dense([_scale(tensors[i], pre) for i in low], ReduceOp.Sum, 1.0,
                                      1.0, None if name is None else f"{name}.low", communicator)
     for i, y in zip(low, summed):
         out[i] = _scale(y, after)
@@ -112,13 +116,13 @@ def _grouped_allreduce_with_grad(tensors: Sequence[tf.Tensor], op: ReduceOp, pre
                                  communicator: comm.Communicator) -> list[tf.Tensor]:
     @tf.custom_gradient
     def forward(*xs: tf.Tensor):
-        ys = _host_grouped_allreduce(xs, op, pre, post, name, communicator)
+        ys = _allreduce_dense(xs, op, pre, post, name, communicator)
 
         def backward(*dys: tf.Tensor):
             dys = [tf.zeros_like(y) if dy is None else dy for y, dy in zip(ys, dys)]
             if op in (ReduceOp.Sum, ReduceOp.Average):
-                return _host_grouped_allreduce(dys, op, pre, post, _grad_name(name), communicator)
-            summed = _host_grouped_allreduce(dys, ReduceOp.Sum, 1.0, 1.0, _grad_name(name),
+                return _allreduce_dense(dys, op, pre, post, _grad_name(name), communicator)
+            summed = _allreduce_dense(dys, ReduceOp.Sum, 1.0, 1.0, _grad_name(name),
                                              communicator)
             if op is ReduceOp.Product:
                 return [s * tf.math.divide_no_nan(y, x) for s, x, y in zip(summed, xs, ys)]
@@ -257,7 +261,7 @@ def gather_rows(tensor: Any, name: Optional[str] = None,
         y, rows = _host_allgather(x, name, communicator)
 
         def backward(dy: tf.Tensor):
-            reduced = _host_grouped_allreduce([dy], gradient_reduction, 1.0, 1.0,
+            reduced = _allreduce_dense([dy], gradient_reduction, 1.0, 1.0,
                                               _grad_name(name), communicator)[0]
             start = tf.reduce_sum(rows[:communicator.rank()])
             return reduced[start:start + rows[communicator.rank()]]
@@ -304,7 +308,7 @@ def broadcast_from(tensor: Any, root_rank: int, name: Optional[str] = None,
                       [x.dtype], [x.shape], name="hpcrep_broadcast")[0]
 
         def backward(dy: tf.Tensor):
-            reduced = _host_grouped_allreduce([dy], gradient_reduction, 1.0, 1.0,
+            reduced = _allreduce_dense([dy], gradient_reduction, 1.0, 1.0,
                                               _grad_name(name), communicator)[0]
             return reduced if comm.rank() == root_rank else tf.zeros_like(reduced)
 

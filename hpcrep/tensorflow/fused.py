@@ -7,8 +7,8 @@ results. TensorFlow shares the buffer for such aligned first-dimension splits, s
 slices, not copies; a tensor whose element count is not a multiple of 64 bytes is copied once
 more when its padding is cut off (odd-width biases: small).
 
-Two paths reduce the buckets, chosen at trace time the same way on every rank
-(:func:`hpcrep.tensorflow.native.handles`):
+:func:`choose_allreduce_path` decides, at trace time and the same way on every rank, which path
+reduces a group of tensors; two of them reduce fusion buckets:
 
 - **compiled** (:mod:`hpcrep.tensorflow.native`): per bucket, a stateful ``HpcrepAllreduceEnqueue``
   packs its tensors and queues the bucket on the communicator's communication thread, and an
@@ -29,6 +29,7 @@ reduce buffers of their own.
 
 from __future__ import annotations
 
+import enum
 from typing import Optional, Sequence
 
 import numpy as np
@@ -36,7 +37,7 @@ import tensorflow as tf
 
 from hpcrep import comm, config
 from hpcrep.comm import check, fusion
-from hpcrep.comm.collectives import allreduce_into_buckets
+from hpcrep.comm.collectives import allreduce_into_buckets, hierarchical
 from hpcrep.comm.ops import ReduceOp
 from hpcrep.errors import CollectiveMismatchError, JoinError
 from hpcrep.tensorflow import native
@@ -44,33 +45,51 @@ from hpcrep.tensorflow.bridge import host_call, require_no_xla
 from hpcrep.tensorflow.errors import for_tensorflow
 
 
-def can_fuse(tensors: Sequence[tf.Tensor]) -> bool:
-    """Return True if the Python path's :func:`fused_allreduce` handles these tensors (static
-    shapes, floating dtypes); the compiled path also takes integers and unknown shapes."""
-    return all(t.shape.is_fully_defined() and t.dtype.is_floating for t in tensors)
+class AllreducePath(enum.Enum):
+    """How a group of dense tensors is allreduced (see :func:`choose_allreduce_path`)."""
+
+    IDENTITY = "identity"      # one rank: every reduction is the identity (scaled), no exchange
+    COMPILED = "compiled"      # the compiled op: buckets queued on the communication thread
+    FUSED_HOST = "fused host"  # one host call reducing fusion buckets (static floating tensors)
+    HOST = "host"              # one host call to hpcrep.comm.grouped_allreduce (anything else)
 
 
-def native_handles(tensors: Sequence[tf.Tensor], communicator: comm.Communicator) -> bool:
-    """Return True if the compiled path reduces these tensors (decided alike on every rank)."""
-    return all(native.handles(communicator, t.dtype.name) for t in tensors)
+def choose_allreduce_path(tensors: Sequence[tf.Tensor], prescale: float, postscale: float,
+                          communicator: comm.Communicator) -> AllreducePath:
+    """Return the path that allreduces ``tensors`` on ``communicator``: the one place it is
+    decided.
+
+    The answer depends only on the tensors' traced dtypes and shapes and on settings that are
+    equal on every rank (``HPCREP_NATIVE``, ``HPCREP_HIERARCHICAL_ALLREDUCE``, the communicator's
+    size and nodes), never on the data, so every rank takes the same path. The compiled op takes
+    dense numeric tensors of :data:`hpcrep.tensorflow.native.DTYPES` of any shape on a flat
+    communicator; hierarchical allreduces and other dtypes take the host. Local.
+    """
+    if communicator.size() == 1 and (prescale * postscale == 1.0
+                                     or all(t.dtype.is_floating for t in tensors)):
+        return AllreducePath.IDENTITY
+    if (all(t.dtype.name in native.DTYPES for t in tensors) and native.active()
+            and not hierarchical(communicator)):
+        return AllreducePath.COMPILED
+    if all(t.shape.is_fully_defined() and t.dtype.is_floating for t in tensors):
+        return AllreducePath.FUSED_HOST
+    return AllreducePath.HOST
 
 
-def fused_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float,
-                    postscale: float, name: Optional[str],
-                    communicator: Optional[comm.Communicator] = None) -> list[tf.Tensor]:
-    """Allreduce tensors (any op); results in the same order, each bucket one exchange.
-
-    Takes the compiled path when :func:`native_handles`, else the Python path, which needs
-    :func:`can_fuse`. ``communicator`` (default :func:`hpcrep.comm.current`) is resolved now, at
-    trace time.
+def fused_allreduce(path: AllreducePath, tensors: Sequence[tf.Tensor], op: ReduceOp,
+                    prescale: float, postscale: float, name: Optional[str],
+                    communicator: comm.Communicator) -> list[tf.Tensor]:
+    """Allreduce tensors (any op) on ``path`` (:data:`AllreducePath.COMPILED` or
+    :data:`AllreducePath.FUSED_HOST`); results in the same order, each bucket one exchange.
 
     Collective: every rank of ``communicator`` must call this, in the same order, with matching
-    tensors.
+    tensors (and so the same path).
     """
-    communicator = comm.resolve(communicator)
-    if native_handles(tensors, communicator):
-        return _native_allreduce(tensors, op, prescale, postscale, name, communicator)
-    return _python_allreduce(tensors, op, prescale, postscale, name, communicator)
+    if path is AllreducePath.COMPILED:
+        return _compiled_allreduce(tensors, op, prescale, postscale, name, communicator)
+    if path is AllreducePath.FUSED_HOST:
+        return _host_fused_allreduce(tensors, op, prescale, postscale, name, communicator)
+    raise ValueError(f"fused_allreduce takes the compiled or fused host path, not {path.name}")
 
 
 def _layout(tensors: Sequence[tf.Tensor]) -> tuple:
@@ -78,7 +97,7 @@ def _layout(tensors: Sequence[tf.Tensor]) -> tuple:
                  for t in tensors)
 
 
-def _python_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float,
+def _host_fused_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float,
                       postscale: float, name: Optional[str],
                       communicator: comm.Communicator) -> list[tf.Tensor]:
     buckets = fusion.plan(_layout(tensors), config.get("HPCREP_FUSION_THRESHOLD"))
@@ -123,21 +142,35 @@ def _describe(tensors: Sequence[tf.Tensor], indices: Sequence[int], op: ReduceOp
     return f"allreduce({op.name}) of {', '.join(shown)}{more}"
 
 
+_ERRORS = {native.ErrorKind.MISMATCH: CollectiveMismatchError, native.ErrorKind.JOIN: JoinError}
+
+
 def _wait(handle: tf.Tensor, dtype: tf.DType, length: int) -> tf.Tensor:
-    """Return the reduced buffer; eagerly, hpcrep's errors arrive as their own types."""
+    """Return the reduced buffer; eagerly, hpcrep's errors arrive as their own types (chosen by
+    the code the engine attached to the error, never by its text)."""
     try:
         return native.ops().hpcrep_allreduce_wait(handle, T=dtype, length=length,
                                                   name="hpcrep_allreduce_wait")
-    except tf.errors.FailedPreconditionError as error:
-        for prefix, kind in ((native.MISMATCH, CollectiveMismatchError),
-                             (native.JOIN_ERROR, JoinError)):
-            at = error.message.find(prefix)
-            if at >= 0:
-                raise for_tensorflow(kind(error.message[at + len(prefix):])) from None
+    except tf.errors.OpError as error:
+        kind = _error_kind(error)
+        if kind in _ERRORS:
+            raise for_tensorflow(_ERRORS[kind](error.message)) from None
         raise
 
 
-def _native_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float,
+def _error_kind(error: tf.errors.OpError) -> Optional[native.ErrorKind]:
+    """Return the engine's code attached to ``error`` (its payload), or None if it has none."""
+    payloads = error.experimental_payloads or {}  # eagerly: bytes keys and values
+    payload = payloads.get(native.PAYLOAD_KEY.encode(), payloads.get(native.PAYLOAD_KEY))
+    if payload is None:
+        return None
+    try:
+        return native.ErrorKind(int(payload))
+    except ValueError:
+        return None
+
+
+def _compiled_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float,
                       postscale: float, name: Optional[str],
                       communicator: comm.Communicator) -> list[tf.Tensor]:
     require_no_xla("hpcrep_allreduce")
@@ -162,7 +195,7 @@ def _native_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: floa
             tuple((f"{i}", t.dtype.name, tuple(t.shape.as_list()) if t.shape.rank is not None
                    else ("?",)) for i, t in zip(group, members)))
         handle = ops.hpcrep_allreduce_enqueue(
-            members, engine=engine, reduce_op=native.REDUCE_KINDS[op.name],
+            members, engine=engine, reduce_op=int(op),
             prescale_bits=native.bits(prescale), postscale_bits=native.bits(postscale),
             signature=check.signature_hash(signature),
             description=_describe(tensors, group, op, name),

@@ -14,9 +14,9 @@ def test_hierarchical_path_is_taken_exactly_when_ranks_span_nodes_with_neighbour
     job = hc.world.communicator()
     spans = job.nodes > 1 and job.widest_node > 1
     monkeypatch.setenv("HPCREP_HIERARCHICAL_ALLREDUCE", "1")
-    assert collectives._hierarchical(job) == spans
+    assert collectives.hierarchical(job) == spans
     monkeypatch.setenv("HPCREP_HIERARCHICAL_ALLREDUCE", "0")
-    assert not collectives._hierarchical(job)
+    assert not collectives.hierarchical(job)
 
 
 def test_hierarchical_and_flat_allreduce_agree(monkeypatch, world):

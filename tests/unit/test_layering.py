@@ -51,14 +51,7 @@ RULES = [
 # new violation appears and when one of these is gone (then delete it here). Keys as the
 # checks give them: (file, forbidden root) for RULES, (file, "private NAME") for private names,
 # (package, "cycle A -> B -> A") for import cycles.
-KNOWN: dict[tuple[str, str], str] = {
-    # issue 21: the native package asks collectives for its private helpers; the engineer who
-    # owns hpcrep/tensorflow/native is replacing both with public functions.
-    ("tensorflow/native/__init__.py", "private hpcrep.comm.collectives._hierarchical"):
-        "issue 21 (native package)",
-    ("tensorflow/native/__init__.py", "private hpcrep.comm.collectives._collective"):
-        "issue 21 (native package)",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 

@@ -1,6 +1,6 @@
 """hpcrep's compiled allreduce path: loading it, choosing it, and handing communicators to it.
 
-The op (``hpcrep_ops.cc``, built by :mod:`hpcrep.tensorflow.native.build` at install time) runs
+The op (the C++ sources here, built by :mod:`hpcrep.tensorflow.native.build` at install time) runs
 allreduces of dense numeric tensors (float16, bfloat16, float32, float64, int32, int64) on one
 communication thread per communicator, calling MPI directly: a collective inside
 ``tf.function`` costs about a function call plus MPI's own time instead of a Python round trip,
@@ -17,7 +17,7 @@ active and why.
 from __future__ import annotations
 
 import atexit
-import ctypes
+import dataclasses
 import functools
 import json
 import os
@@ -28,17 +28,41 @@ from typing import Any, Optional
 
 from hpcrep import config
 from hpcrep.errors import ConfigError
+from hpcrep.tensorflow.native.library import (PAYLOAD_KEY, REDUCE_OPS, EngineSettings, ErrorKind,
+                                              Library)
+
+__all__ = ["LIBRARY", "STAMP", "DTYPES", "PAYLOAD_KEY", "REDUCE_OPS", "ErrorKind", "Engine",
+           "Loaded", "status", "active", "engine", "shutdown", "begin_join", "end_join", "stats",
+           "bits", "ops"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = os.path.join(_HERE, "_hpcrep_ops.so")
 STAMP = os.path.join(_HERE, "_hpcrep_ops.json")
-MISMATCH = "hpcrep collective mismatch: "   # status prefixes set by hpcrep_ops.cc
-JOIN_ERROR = "hpcrep join error: "
-REDUCE_KINDS = {"Sum": 0, "Average": 1, "Min": 2, "Max": 3, "Product": 4}
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """A communicator's communication thread: the communicator, the engine's id (the ops'
+    ``engine`` attribute) and the duplicate communicator the thread talks on."""
+
+    communicator: Any
+    engine_id: int
+    dup: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """The compiled op, loaded: TensorFlow's op module and the library's C interface; or why
+    it cannot be used."""
+
+    ops: Any = None
+    library: Optional[Library] = None
+    reason: Optional[str] = None
+
+
 _lock = threading.Lock()
-_engines: dict[int, tuple[Any, int, Any]] = {}  # id(communicator) -> (communicator, engine, dup)
+_engines: dict[int, Engine] = {}  # id(communicator) -> its engine; read and written under _lock
 _hooked: list[bool] = []  # the watchdog probe and join hooks are installed once per process
 
 
@@ -57,36 +81,35 @@ def _unavailable_reason() -> Optional[str]:
         return (f"it was built for TensorFlow {stamp.get('tensorflow')} but {tf.__version__} is "
                 "running; rebuild with `python -m hpcrep.tensorflow.native.build`")
     if stamp.get("source") != build.source_hash():
-        return ("its source changed since it was built; rebuild with "
+        return ("its sources changed since it was built; rebuild with "
                 "`python -m hpcrep.tensorflow.native.build`")
     return None
 
 
 @functools.lru_cache(maxsize=1)
-def _load() -> tuple[Any, Any, Optional[str]]:
-    """Load the op library once: (TensorFlow module of ops, ctypes handle, reason if absent)."""
+def _load() -> Loaded:
+    """Load the op library once, and check that it numbers reductions and errors as we do."""
     reason = _unavailable_reason()
     if reason is not None:
-        return None, None, reason
+        return Loaded(reason=reason)
     import tensorflow as tf  # noqa: PLC0415
 
     try:
         ops = tf.load_op_library(LIBRARY)
-        lib = ctypes.CDLL(LIBRARY)
+        library = Library(LIBRARY)
     except Exception as error:  # noqa: BLE001 - a broken build must not break the Python path
-        return None, None, f"it failed to load ({error}); rebuild it"
-    lib.hpcrep_native_register.restype = ctypes.c_int64
-    lib.hpcrep_native_register.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
-                                           ctypes.c_int, ctypes.c_int]
-    lib.hpcrep_native_unregister.argtypes = [ctypes.c_int64]
-    lib.hpcrep_native_begin_join.argtypes = [ctypes.c_int64]
-    lib.hpcrep_native_join_pending.argtypes = [ctypes.c_int64]
-    lib.hpcrep_native_join_pending.restype = ctypes.c_int
-    lib.hpcrep_native_stats.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
-                                        ctypes.POINTER(ctypes.c_int64)]
-    lib.hpcrep_native_busy.argtypes = [ctypes.c_char_p, ctypes.c_int64]
-    lib.hpcrep_native_busy.restype = ctypes.c_double
-    return ops, lib, None
+        return Loaded(reason=f"it failed to load ({error}); rebuild it")
+    mismatch = library.numbering_mismatch()
+    if mismatch is not None:
+        return Loaded(reason=f"{mismatch}; rebuild it with `python -m "
+                             "hpcrep.tensorflow.native.build`")
+    return Loaded(ops, library)
+
+
+def _library() -> Library:
+    library = _load().library
+    assert library is not None, "the compiled op is used only when it loaded"
+    return library
 
 
 def status() -> tuple[bool, str]:
@@ -94,7 +117,7 @@ def status() -> tuple[bool, str]:
     mode = config.get("HPCREP_NATIVE")
     if mode == "off":
         return False, "HPCREP_NATIVE=off: allreduces take the Python path"
-    _, _, reason = _load()
+    reason = _load().reason
     if reason is None:
         return True, f"the compiled op ({LIBRARY}) is active"
     if mode == "on":
@@ -108,20 +131,10 @@ def active() -> bool:
     return status()[0]
 
 
-def handles(communicator: Any, dtype_name: str) -> bool:
-    """Return True if an allreduce of ``dtype_name`` on ``communicator`` takes the compiled path.
-
-    The answer depends on settings that are equal on every rank, never on the data, so every
-    rank takes the same path. Local.
-    """
-    return (dtype_name in DTYPES and active()
-            and not _hierarchical(communicator))
-
-
-def _hierarchical(communicator: Any) -> bool:
-    from hpcrep.comm.collectives import _hierarchical as hierarchical  # noqa: PLC0415
-
-    return hierarchical(communicator)
+def _find(communicator: Any) -> Optional[Engine]:
+    with _lock:
+        entry = _engines.get(id(communicator))
+    return entry if entry is not None and entry.communicator is communicator else None
 
 
 def engine(communicator: Any) -> int:
@@ -131,24 +144,19 @@ def engine(communicator: Any) -> int:
     with the Python path's. Collective on first use for a communicator: every member must call
     this in the same order (tracing the same function does); later calls are local.
     """
-    key = id(communicator)
-    with _lock:
-        entry = _engines.get(key)
-        if entry is not None and entry[0] is communicator:
-            return entry[1]
-    from mpi4py import MPI  # noqa: PLC0415
-
+    found = _find(communicator)
+    if found is not None:
+        return found.engine_id
     from hpcrep.comm import collectives, uneven, watchdog, world  # noqa: PLC0415
 
-    _, lib, _ = _load()
-    with collectives._collective("native.register"):
+    with collectives.collective("native.register"):
         dup = communicator.comm.Dup()
     dup.Set_name(f"hpcrep native {communicator.name}")
-    engine_id = lib.hpcrep_native_register(MPI._handleof(dup),
-                                           int(bool(config.get("HPCREP_CHECK_COLLECTIVES"))),
-                                           int(config.get("HPCREP_FUSION_THRESHOLD")),
-                                           int(config.get("HPCREP_NATIVE_SPIN_US")),
-                                           int(collectives.nonblocking(communicator)))
+    settings = EngineSettings(check=bool(config.get("HPCREP_CHECK_COLLECTIVES")),
+                              fusion_bytes=int(config.get("HPCREP_FUSION_THRESHOLD")),
+                              spin_micros=int(config.get("HPCREP_NATIVE_SPIN_US")),
+                              polled=collectives.nonblocking(communicator))
+    started = Engine(communicator, _library().register(dup.handle, settings), dup)
     with _lock:
         if not _engines:
             world.at_shutdown(shutdown)
@@ -157,9 +165,10 @@ def engine(communicator: Any) -> int:
             watchdog.add_probe(_busy)
             uneven.on_join(lambda: begin_join(world.communicator()),
                            lambda: end_join(world.communicator()))
-        _engines[key] = (communicator, engine_id, dup)
+        _engines[id(communicator)] = started
+    key = id(communicator)
     communicator.at_free(lambda: _release(key))
-    return engine_id
+    return started.engine_id
 
 
 def _release(key: int) -> None:
@@ -168,28 +177,30 @@ def _release(key: int) -> None:
         entry = _engines.pop(key, None)
     if entry is None:
         return
-    _, engine_id, dup = entry
-    _load()[1].hpcrep_native_unregister(engine_id)
-    dup.Free()
+    _library().unregister(entry.engine_id)
+    entry.dup.Free()
 
 
 def shutdown() -> None:
     """Stop every communication thread and free their communicators.
 
-    Collective: every rank must call this (:func:`hpcrep.comm.shutdown` does, before MPI ends).
+    Collective: every rank must call this (:func:`hpcrep.comm.shutdown` does, before MPI ends),
+    in registration order, which is the same on every rank.
     """
-    for key in sorted(list(_engines), key=lambda k: _engines[k][1]):
+    with _lock:
+        keys = sorted(_engines, key=lambda k: _engines[k].engine_id)
+    for key in keys:
         _release(key)
 
 
 @atexit.register
 def _at_exit() -> None:
     # Threads must not be inside MPI when MPI finalises; what is queued has finished by now.
-    lib = _load()[1] if _engines else None
-    if lib is not None:
-        for _, engine_id, _ in list(_engines.values()):
-            lib.hpcrep_native_unregister(engine_id)
+    with _lock:
+        entries = list(_engines.values())
         _engines.clear()
+    for entry in entries:
+        _library().unregister(entry.engine_id)
 
 
 def begin_join(communicator: Any) -> None:
@@ -197,41 +208,40 @@ def begin_join(communicator: Any) -> None:
 
     Called by :func:`hpcrep.comm.uneven.join` on every rank that joins. Local.
     """
-    entry = _engines.get(id(communicator))
+    entry = _find(communicator)
     if entry is not None:
-        _load()[1].hpcrep_native_begin_join(entry[1])
+        _library().begin_join(entry.engine_id)
 
 
 def end_join(communicator: Any) -> None:
-    """Wait until the thread has seen every rank join (it leaves join mode with all of them)."""
-    entry = _engines.get(id(communicator))
+    """Wait until the thread has seen every rank join (it leaves join mode with all of them).
+
+    Local (the thread's cycles are what communicate).
+    """
+    entry = _find(communicator)
     if entry is None:
         return
-    lib = _load()[1]
-    while lib.hpcrep_native_join_pending(entry[1]):
+    while _library().join_pending(entry.engine_id):
         time.sleep(0.001)
 
 
 def _busy() -> Optional[tuple[str, tuple[str, ...], float]]:
     """The stall watchdog's view of the threads: what the longest wait is for, and since when."""
-    if not _engines:
+    with _lock:
+        if not _engines:
+            return None
+    wait = _library().busy()
+    if wait is None:
         return None
-    text = ctypes.create_string_buffer(512)
-    since = _load()[1].hpcrep_native_busy(text, 512)
-    if since <= 0:
-        return None
-    return "allreduce (compiled path)", (text.value.decode(errors="replace"),), since
+    since, what = wait
+    return "allreduce (compiled path)", (what,), since
 
 
 def stats(communicator: Any) -> tuple[int, int]:
     """Return (cycles, requests) ``communicator``'s thread has reduced so far; (0, 0) if it has
     none. Fewer cycles than requests means requests were fused. Local."""
-    entry = _engines.get(id(communicator))
-    if entry is None:
-        return 0, 0
-    cycles, reduced = ctypes.c_int64(), ctypes.c_int64()
-    _load()[1].hpcrep_native_stats(entry[1], ctypes.byref(cycles), ctypes.byref(reduced))
-    return cycles.value, reduced.value
+    entry = _find(communicator)
+    return (0, 0) if entry is None else _library().stats(entry.engine_id)
 
 
 def bits(value: float) -> int:
@@ -241,4 +251,4 @@ def bits(value: float) -> int:
 
 def ops() -> Any:
     """Return the loaded op module (``hpcrep_allreduce_enqueue``, ``hpcrep_allreduce_wait``)."""
-    return _load()[0]
+    return _load().ops

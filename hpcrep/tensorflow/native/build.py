@@ -1,17 +1,20 @@
 """Build hpcrep's compiled allreduce op against the installed TensorFlow and MPI.
 
-``python -m hpcrep.tensorflow.native.build`` compiles ``hpcrep_ops.cc`` into
-``_hpcrep_ops.so`` next to it with the MPI C++ compiler wrapper (``mpicxx``: the one mpi4py was
-built with, else the one on ``PATH``) and TensorFlow's own compile and link flags
-(``tf.sysconfig``); no CMake. It writes ``_hpcrep_ops.json`` recording the TensorFlow version and
-the source's hash, which the loader checks, so a library built for another TensorFlow is never
-loaded. ``make install`` runs this; it exits 0 with a message when no compiler or headers are
-found (hpcrep then uses its Python path) unless ``--require`` is given.
+``python -m hpcrep.tensorflow.native.build`` compiles the C++ sources next to it (every ``*.cc``,
+one object each, in parallel) and links them into ``_hpcrep_ops.so`` with the MPI C++ compiler
+wrapper (``mpicxx``: the one mpi4py was built with, else the one on ``PATH``) and TensorFlow's own
+compile and link flags (``tf.sysconfig``); no CMake. It writes ``_hpcrep_ops.json`` recording the
+TensorFlow version and the hash of every source and header, which the loader checks, so a library
+built for another TensorFlow or from other sources is never loaded. ``make install`` runs this; it
+exits 0 with a message when no compiler or headers are found (hpcrep then uses its Python path)
+unless ``--require`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import glob
 import hashlib
 import json
 import os
@@ -22,15 +25,24 @@ import tempfile
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(HERE, "hpcrep_ops.cc")
 LIBRARY = os.path.join(HERE, "_hpcrep_ops.so")
 STAMP = os.path.join(HERE, "_hpcrep_ops.json")
 
 
+def sources() -> list[str]:
+    """Return the paths of the op's C++ sources and headers, sorted."""
+    return sorted(glob.glob(os.path.join(HERE, "*.cc")) + glob.glob(os.path.join(HERE, "*.h")))
+
+
 def source_hash() -> str:
-    """Return the SHA-256 of the op's source (what the stamp records)."""
-    with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    """Return the SHA-256 over every source and header, names included (what the stamp records)."""
+    digest = hashlib.sha256()
+    for path in sources():
+        with open(path, "rb") as f:
+            content = f.read()
+        digest.update(f"{os.path.basename(path)} {len(content)}\n".encode())
+        digest.update(content)
+    return digest.hexdigest()
 
 
 def find_mpicxx() -> Optional[str]:
@@ -69,18 +81,33 @@ def build(require: bool = False, verbose: bool = False) -> int:
     include = tf.sysconfig.get_include()
     if not os.path.exists(os.path.join(include, "tensorflow", "core", "framework", "op.h")):
         return skip(f"TensorFlow headers missing under {include}")
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=HERE)
-    os.close(fd)
-    cmd = ([mpicxx, "-shared", "-fPIC", "-O2", "-std=c++17", "-w", SOURCE, "-o", tmp]
-           + [f for f in tf.sysconfig.get_compile_flags() if not f.startswith("--std")]
-           + tf.sysconfig.get_link_flags())
-    if verbose:
-        print(" ".join(cmd))
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        os.unlink(tmp)
-        print(result.stderr[-4000:], file=sys.stderr)
-        return skip(f"compilation failed ({mpicxx})")
+    compile_flags = ([mpicxx, "-c", "-fPIC", "-O2", "-std=c++17", "-w", f"-I{HERE}"]
+                     + [f for f in tf.sysconfig.get_compile_flags() if not f.startswith("--std")])
+    with tempfile.TemporaryDirectory(prefix="hpcrep-native-") as objects:
+        units = [p for p in sources() if p.endswith(".cc")]
+        commands = [compile_flags + [p, "-o", os.path.join(objects, os.path.basename(p) + ".o")]
+                    for p in units]
+        for cmd in commands if verbose else ():
+            print(" ".join(cmd))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            results = list(pool.map(lambda c: subprocess.run(c, capture_output=True, text=True),
+                                    commands))
+        failed = [(p, r) for p, r in zip(units, results) if r.returncode != 0]
+        if failed:
+            for path, result in failed:
+                print(f"{os.path.basename(path)}:\n{result.stderr[-4000:]}", file=sys.stderr)
+            return skip(f"compilation failed ({mpicxx})")
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=HERE)
+        os.close(fd)
+        link = ([mpicxx, "-shared", "-fPIC", "-o", tmp]
+                + [c[-1] for c in commands] + tf.sysconfig.get_link_flags())
+        if verbose:
+            print(" ".join(link))
+        result = subprocess.run(link, capture_output=True, text=True)
+        if result.returncode != 0:
+            os.unlink(tmp)
+            print(result.stderr[-4000:], file=sys.stderr)
+            return skip(f"linking failed ({mpicxx})")
     os.replace(tmp, LIBRARY)  # atomic: a running process keeps the old inode
     stamp = {"tensorflow": tf.__version__, "source": source_hash(), "mpicxx": mpicxx}
     with open(STAMP + ".tmp", "w") as f:

@@ -1,0 +1,153 @@
+// One communication thread per communicator: it calls MPI in the same order on every rank and
+// fuses what is queued.
+//
+// HpcrepAllreduceEnqueue (ops.cc) queues a request; the thread works in cycles. A cycle starts
+// when this rank has something queued (or waits in join()): one small MPI_Iallreduce (MAX) tells
+// every rank how many requests all ranks have queued (the common prefix, up to kMaxBatch), whether
+// the signatures of that prefix agree (cumulative hashes, as hpcrep.comm.check does for one call),
+// and whether ranks wait in join() (Negotiate: the answer is an Agreement). The agreed prefix is
+// then reduced (Execute), requests of one dtype and operation fused into one MPI_Allreduce up to
+// the fusion threshold. The prefix length depends on timing, but it is the same on every rank,
+// so results are bitwise equal across ranks.
+
+#ifndef HPCREP_NATIVE_ENGINE_H_
+#define HPCREP_NATIVE_ENGINE_H_
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.h"
+#include "kernels.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace hpcrep {
+
+struct Request {
+  tensorflow::DataType dtype;
+  int kind = kSum;
+  double postscale = 1.0;
+  int64_t signature = 0;
+  int64_t chunk_bytes = 0;  // largest single MPI_Allreduce (HPCREP_ALLREDUCE_CHUNK); 0: no limit
+  std::string description;
+  tensorflow::Tensor buffer;  // packed, pre-scaled; reduced in place
+  int64_t length = 0;
+  int spin_micros = 0;  // the engine's: how long the Wait kernel looks before it sleeps
+
+  std::mutex mu;
+  std::atomic<bool> finished{false};
+  tensorflow::Status status;
+  std::function<void()> on_finish;  // set by the Wait kernel if it arrives first
+
+  void Finish(tensorflow::Status s);
+};
+
+using Batch = std::vector<std::shared_ptr<Request>>;
+
+// Settings of one engine, given at registration (from hpcrep.config, equal on every rank).
+struct EngineSettings {
+  bool check = true;          // HPCREP_CHECK_COLLECTIVES: compare signatures every cycle
+  int64_t fusion_bytes = 0;   // HPCREP_FUSION_THRESHOLD
+  int spin_micros = 100;      // HPCREP_NATIVE_SPIN_US: how long threads look before sleeping
+  bool polled = false;        // the communicator spans nodes: MPI_Iallreduce, polled (see
+                              // Engine::AllreduceLarge)
+};
+
+// What this rank brings to a cycle.
+struct Offer {
+  Batch pending;        // the first requests of this rank's queue (at most kMaxBatch)
+  bool joined = false;  // this rank waits in join() and has nothing queued
+};
+
+// What the ranks agreed on in a cycle's negotiation: the same value on every rank.
+struct Agreement {
+  int rc = MPI_SUCCESS;      // the negotiation's MPI error code; nothing else is valid if not 0
+  bool all_joined = false;   // every rank waits in join(): join mode ends
+  bool some_joined = false;  // some rank waits in join() and takes part with zeros
+  int64_t ready = 0;         // requests queued on every active rank (the common prefix)
+  bool mismatch = false;     // the signatures of that prefix differ between ranks
+};
+
+// Per request, what a rank waiting in join() needs to take part: shared by the lowest active rank.
+struct Layout {
+  int64_t dtype, kind, length, postscale_bits;
+};
+
+class Engine {
+ public:
+  Engine(MPI_Comm comm, const EngineSettings& settings);
+  ~Engine();  // stops the thread (after what is queued has finished) and joins it
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void Enqueue(std::shared_ptr<Request> request);
+  int size() const { return size_; }
+  const EngineSettings& settings() const { return settings_; }
+
+  // Cycles that reduced something, and requests reduced, since the engine started.
+  void Stats(int64_t* cycles, int64_t* reduced) const;
+
+  // Called by the Python thread in join(): take part in every cycle with zeros until all ranks
+  // have joined; JoinPending() turns false then.
+  void BeginJoin();
+  bool JoinPending();
+
+  // Seconds since the thread started waiting for other ranks with requests of its own (0 if
+  // it is not), and what it waits for.
+  double Busy(std::string* what);
+
+ private:
+  // engine.cc: the thread and its queue.
+  void Loop();
+  bool NextOffer(Offer* offer);  // false: stop
+  void SpinForWork();
+  void Dequeue(int64_t n);
+  void LeaveJoin();
+  void SetBusy(double since, const std::string& what);
+  void Stop();
+  static int Await(MPI_Request* request);
+
+  // negotiate.cc: what every rank has ready, and what ranks in join() need.
+  Agreement Negotiate(const Offer& offer);
+  int ShareLayout(const Batch& batch, int64_t count, bool joined, std::vector<Layout>* layout);
+  tensorflow::Status MismatchStatus(const Batch& batch, int64_t count);
+  static tensorflow::Status JoinableStatus(const std::vector<Layout>& layout);
+  static Batch ZeroRequests(const std::vector<Layout>& layout);
+
+  // execute.cc: one cycle's work, given its agreement.
+  void Execute(const Offer& offer, const Agreement& agreement);
+  void Reduce(const Batch& batch);
+  tensorflow::Status ReduceGroup(const Batch& batch, size_t i, size_t j);
+  int AllreduceLarge(void* data, int64_t count, const TypeInfo& info, MPI_Op op,
+                     int64_t chunk_bytes);
+
+  MPI_Comm comm_;
+  int size_ = 1;
+  int rank_ = 0;
+  const EngineSettings settings_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  std::atomic<int64_t> queued_{0};  // queue_.size(), readable without the lock
+  bool stop_ = false;
+  bool joined_ = false;
+  std::vector<char> scratch_;
+  std::atomic<int64_t> cycles_{0}, reduced_{0};
+  std::mutex busy_mu_;
+  double busy_since_ = 0;
+  std::string busy_what_;
+};
+
+}  // namespace hpcrep
+
+#endif  // HPCREP_NATIVE_ENGINE_H_

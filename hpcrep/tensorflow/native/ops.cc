@@ -1,0 +1,177 @@
+// The TensorFlow ops and their kernels.
+//
+// HpcrepAllreduceEnqueue (stateful, synchronous, cheap) packs its inputs into one 64-byte-aligned
+// buffer, folding in the pre-scale, queues it on its engine and returns a handle. tf.function's
+// automatic control dependencies keep stateful ops in program order, so every rank queues its
+// requests in the same order. HpcrepAllreduceWait (asynchronous) returns the reduced buffer once
+// the engine has finished it; it does not hold a TensorFlow thread while waiting, so the backward
+// pass goes on computing while gradients travel.
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "engine.h"
+#include "kernels.h"
+#include "registry.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace hpcrep {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::DataType;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::TensorShape;
+
+class EnqueueOp : public OpKernel {
+ public:
+  explicit EnqueueOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
+    OP_REQUIRES_OK(c, c->GetAttr("engine", &engine_));
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &kind_));
+    OP_REQUIRES_OK(c, c->GetAttr("prescale_bits", &pre_bits_));
+    OP_REQUIRES_OK(c, c->GetAttr("postscale_bits", &post_bits_));
+    OP_REQUIRES_OK(c, c->GetAttr("signature", &signature_));
+    OP_REQUIRES_OK(c, c->GetAttr("description", &description_));
+    OP_REQUIRES_OK(c, c->GetAttr("chunk_bytes", &chunk_bytes_));
+    OP_REQUIRES(c, kind_ >= 0 && kind_ < kReduceKinds && kind_ != 2,
+                tensorflow::errors::InvalidArgument("hpcrep: unsupported reduce_op ", kind_,
+                                                    "; use a value of hpcrep.comm.ops.ReduceOp "
+                                                    "other than Adasum"));
+  }
+
+  // Cheap (a copy into the request's buffer): the executor runs it inline, in the thread that
+  // produced its last input, instead of queueing it on the inter-op pool, so a bucket is handed
+  // to the communication thread as soon as its gradients exist.
+  bool IsExpensive() override { return false; }
+
+  void Compute(OpKernelContext* ctx) override {
+    Engine* engine = FindEngine(engine_);
+    OP_REQUIRES(ctx, engine != nullptr,
+                EngineError(ErrorKind::kFreed,
+                            "hpcrep: this allreduce belongs to a communicator that has been freed "
+                            "(hpcrep shut down, or its process set was removed); trace the "
+                            "function again after hpcrep.init()"));
+    const TypeInfo& info = Info(dtype_);
+    auto request = std::make_shared<Request>();
+    request->dtype = dtype_;
+    request->kind = kind_;
+    double pre;
+    std::memcpy(&pre, &pre_bits_, sizeof(double));
+    std::memcpy(&request->postscale, &post_bits_, sizeof(double));
+    const Scaling scaling(dtype_, kind_, engine->size(), pre, 1.0);
+    int64_t length = 0;
+    for (int i = 0; i < ctx->num_inputs(); ++i)
+      length += Padded(ctx->input(i).NumElements(), info.itemsize);
+    request->length = length;
+    // Describe the request by its inputs' shapes as well as the traced signature, so that two
+    // ranks whose dynamic shapes differ do not pass the check.
+    uint64_t sig = static_cast<uint64_t>(signature_);
+    for (int i = 0; i < ctx->num_inputs(); ++i)
+      sig = (sig * 1000003ull) ^ static_cast<uint64_t>(ctx->input(i).NumElements());
+    request->signature = static_cast<int64_t>(sig);
+    request->description = description_;
+    request->chunk_bytes = chunk_bytes_;
+    request->spin_micros = engine->settings().spin_micros;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(dtype_, TensorShape({length}), &request->buffer));
+    char* base = static_cast<char*>(request->buffer.data());
+    int64_t offset = 0;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const tensorflow::Tensor& t = ctx->input(i);
+      int64_t n = t.NumElements();
+      scaling.Before(t.data(), base + offset * info.itemsize, n);
+      int64_t padded = Padded(n, info.itemsize);
+      if (padded > n)
+        std::memset(base + (offset + n) * info.itemsize, 0, (padded - n) * info.itemsize);
+      offset += padded;
+    }
+    int64_t handle = AddRequest(request);
+    engine->Enqueue(request);
+    tensorflow::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = handle;
+  }
+
+ private:
+  DataType dtype_;
+  int64_t engine_;
+  int kind_;
+  int64_t pre_bits_, post_bits_, signature_;
+  std::string description_;
+  int64_t chunk_bytes_ = 0;
+};
+
+class WaitOp : public AsyncOpKernel {
+ public:
+  explicit WaitOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    int64_t handle = ctx->input(0).scalar<int64_t>()();
+    std::shared_ptr<Request> request = TakeRequest(handle);
+    OP_REQUIRES_ASYNC(ctx, request != nullptr,
+                      tensorflow::errors::Internal("hpcrep: unknown allreduce handle ", handle),
+                      done);
+    auto finish = [ctx, request, done]() {
+      if (!request->status.ok()) {
+        ctx->SetStatus(request->status);
+      } else {
+        ctx->set_output(0, request->buffer);
+      }
+      done();
+    };
+    // A small allreduce is often done within microseconds: finishing here, on this thread,
+    // spares TensorFlow a wake-up from the communication thread.
+    auto until = std::chrono::steady_clock::now() +
+                 std::chrono::microseconds(request->spin_micros / 2);
+    while (!request->finished.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+    {
+      std::unique_lock<std::mutex> lock(request->mu);
+      if (!request->finished.load()) {
+        request->on_finish = finish;
+        return;
+      }
+    }
+    finish();
+  }
+};
+
+}  // namespace hpcrep
+
+REGISTER_OP("HpcrepAllreduceEnqueue")
+    .Input("tensors: N * T")
+    .Output("handle: int64")
+    .Attr("T: {float, double, int32, int64, half, bfloat16}")
+    .Attr("N: int >= 1")
+    .Attr("engine: int")
+    .Attr("reduce_op: int")  // a value of hpcrep.comm.ops.ReduceOp (ReduceKind in common.h)
+    .Attr("prescale_bits: int")
+    .Attr("postscale_bits: int")
+    .Attr("signature: int")
+    .Attr("description: string")
+    .Attr("chunk_bytes: int = 0")  // HPCREP_ALLREDUCE_CHUNK when the function traced
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("HpcrepAllreduceWait")
+    .Input("handle: int64")
+    .Output("buffer: T")
+    .Attr("T: {float, double, int32, int64, half, bfloat16}")
+    .Attr("length: int = -1")  // the buffer's length when known at trace time, else -1
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      int64_t length;
+      TF_RETURN_IF_ERROR(c->GetAttr("length", &length));
+      c->set_output(0, c->Vector(length >= 0 ? c->MakeDim(length) : c->UnknownDim()));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("HpcrepAllreduceEnqueue").Device(tensorflow::DEVICE_CPU),
+                        hpcrep::EnqueueOp);
+REGISTER_KERNEL_BUILDER(Name("HpcrepAllreduceWait").Device(tensorflow::DEVICE_CPU),
+                        hpcrep::WaitOp);
