@@ -187,7 +187,7 @@ def _compiled_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: fl
         groups = sorted(by_dtype.values())
         buckets = [None] * len(groups)
     out: list = [None] * len(tensors)
-    params = (op.name, float(prescale), float(postscale), False)
+    params = (op.name, float(prescale), float(postscale))
     for bucket, group in zip(buckets, groups):
         members = [tensors[i] for i in group]
         signature = (
