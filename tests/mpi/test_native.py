@@ -290,11 +290,10 @@ def test_the_stall_watchdog_watches_the_communication_thread(compiled, monkeypat
     hc.barrier()
     if r == 0:
         time.sleep(4.5)
-    start = time.monotonic()
     total = step(tf.fill([4], float(r + 1)))
-    waited = time.monotonic() - start
     np.testing.assert_array_equal(total, np.full(4, n * (n + 1) / 2))
     if n > 1 and r != 0:
-        assert waited > 3
+        # The warning is the outcome that shows the wait was seen (no wall-clock assert here:
+        # a rank descheduled on a loaded machine would measure its own wait short).
         err = capfd.readouterr().err
         assert "allreduce (compiled path)" in err and "slow.rank.native" in err, err[-2000:]
