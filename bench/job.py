@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -189,14 +190,19 @@ def write_result(path: Optional[str], result: dict) -> None:
 
 
 def weights_agree(variables: Sequence[Any]) -> bool:
-    """True if every rank holds the same values in ``variables`` (compares checksums).
+    """True if every rank holds exactly the same ``variables``: dtype, shape and every byte.
+
+    Compares a SHA-256 digest of each rank's variables, so a difference in one element's last
+    bit counts (per-variable sums would miss elements that differ but add up alike).
 
     Collective: every rank must call this.
     """
-
     from hpcrep import comm  # noqa: PLC0415
 
-    checksum = np.array([float(np.sum(np.asarray(v, np.float64))) for v in variables])
-    lo = comm.allreduce(checksum, comm.Min, name="weights_agree.min").copy()
-    hi = comm.allreduce(checksum, comm.Max, name="weights_agree.max").copy()
-    return bool(np.allclose(lo, hi, rtol=1e-5, atol=1e-6))
+    digest = hashlib.sha256()
+    for v in variables:
+        a = np.ascontiguousarray(np.asarray(v))
+        digest.update(f"{a.dtype.str}{a.shape};".encode())
+        digest.update(a.tobytes())
+    everyone = comm.allgather_object(digest.hexdigest())
+    return all(d == everyone[0] for d in everyone)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.experimental.enable_op_determinism()
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(1234)
+    # Op determinism leaves TensorFlow without a global generator; this job draws from one.
+    tf.random.set_global_generator(tf.random.Generator.from_seed(1234))
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
                               keras.layers.Dense(1)])
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9))
@@ -66,9 +69,14 @@ def main(argv: list[str] | None = None) -> int:
           + (f" resumed_from={os.path.basename(ckpt.path)}" if ckpt else ""), flush=True)
 
     def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Data that is a pure function of (step, rank), plus label noise drawn from the global
+        generators (Python's, numpy's, TensorFlow's): a resumed run equals an uninterrupted one
+        only if the checkpoint restored all three."""
         rng = np.random.default_rng([step, rank])
         x = rng.normal(size=(args.batch, 8)).astype("float32")
-        return x, x @ w_true + 0.01 * rng.normal(size=(args.batch, 1)).astype("float32")
+        noise = (np.random.normal(size=(args.batch, 1)) * random.random()).astype("float32")
+        noise += 0.01 * tf.random.get_global_generator().normal([args.batch, 1]).numpy()
+        return x, x @ w_true + 0.01 * noise
 
     def save(next_step: int, **meta: int) -> None:
         manager.save({**training_state(model, opt), "input": {"next_step": next_step}},

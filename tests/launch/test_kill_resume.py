@@ -1,6 +1,7 @@
 """kill -9 one rank of a 4-rank training run: the job exits (no hang), the same command resumes
 from the last checkpoint, and the final weights equal an uninterrupted run's bitwise (op
-determinism on, fixed seeds, data a pure function of step and rank, MPI reductions in a fixed
+determinism on, fixed seeds, data a pure function of step and rank plus label noise drawn from
+the global generators after the resume (so their restored state counts), MPI reductions in a fixed
 order at a fixed world size)."""
 
 import os

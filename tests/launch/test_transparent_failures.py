@@ -8,6 +8,10 @@ import textwrap
 import time
 
 N = 4
+# The other ranks go on training for far longer than the job's 180 s timeout, so a job that
+# waited for the failed rank would not end at all; the abort takes about a second (measured
+# under 10 s). 60 s tells the two apart with room for a loaded 2-core machine.
+ENDS_WITHIN = 60
 
 # Every rank builds a model; rank BAD does something, the others train for minutes (so a rank
 # left waiting in a collective would hang the job far beyond the deadline).
@@ -34,22 +38,21 @@ def run_script(mpirun, scratch, action: str, bad: int = 2):
     return proc, time.time()
 
 
-def test_an_exception_on_one_rank_brings_the_job_down_within_10s_naming_the_rank(mpirun,
-                                                                                 scratch):
+def test_an_exception_on_one_rank_brings_the_job_down_naming_the_rank(mpirun, scratch):
     proc, ended = run_script(mpirun, scratch,
                              "raise RuntimeError('injected failure on this rank')")
     assert proc.returncode != 0
     assert "hpcrep: rank 2 of 4" in proc.stderr and "unhandled exception" in proc.stderr
     assert "RuntimeError: injected failure on this rank" in proc.stderr
     raised = float((scratch / "when").read_text())
-    assert ended - raised < 10, f"job took {ended - raised:.1f} s to end after the raise"
+    assert ended - raised < ENDS_WITHIN, f"job took {ended - raised:.1f} s to end after the raise"
 
 
 def test_sys_exit_with_an_error_code_on_one_rank_aborts_the_job(mpirun, scratch):
     proc, ended = run_script(mpirun, scratch, "sys.exit(3)", bad=1)
     assert proc.returncode != 0
     assert "hpcrep: rank 1 of 4" in proc.stderr and "sys.exit(3)" in proc.stderr
-    assert ended - float((scratch / "when").read_text()) < 10
+    assert ended - float((scratch / "when").read_text()) < ENDS_WITHIN
 
 
 def test_sys_exit_0_and_a_normal_end_exit_cleanly_on_every_rank(mpirun, scratch):

@@ -17,8 +17,10 @@ def rank_state(r, step):
 
 
 def assert_equal_everywhere(arrays):
+    assert arrays, "nothing to compare"
     gathered = hc.allgather_object([np.asarray(a) for a in arrays])
     for other in gathered[1:]:
+        assert len(other) == len(gathered[0])
         for a, b in zip(gathered[0], other):
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
@@ -33,6 +35,7 @@ def test_restore_gives_rank0_state_on_every_rank(world, shared_dir):
     ckpt = mgr.restore()
     assert (ckpt.step, ckpt.epoch) == (5, 1)
     expected = rank_state(0, 5)
+    assert len(ckpt.list("model")) == len(expected["model"]) == 2
     for a, b in zip(ckpt.list("model"), expected["model"]):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(ckpt.group("rng")["key"], expected["rng"]["key"])

@@ -51,14 +51,18 @@ def test_resume_equals_uninterrupted(world, shared_dir):
     resumed = make_model(50 + r)  # a fresh process would start from other weights
     cb = CheckpointCallback(shared_dir)
     assert cb.restore(resumed) == 2
+    assert len(resumed.get_weights()) == len(first.get_weights()) == 4
     for a, b in zip(resumed.get_weights(), first.get_weights()):
         np.testing.assert_array_equal(a, b)
     opt_state = [np.asarray(v.numpy()) for v in resumed.optimizer.variables]
     gathered = hc.allgather_object(opt_state)
+    assert gathered[0], "the restored optimizer has no variables"
     for other in gathered[1:]:
+        assert len(other) == len(gathered[0])
         for a, b in zip(gathered[0], other):
             np.testing.assert_array_equal(a, b)
     fit(resumed, r, epochs=3, initial_epoch=2, callbacks=[cb])
+    assert len(resumed.get_weights()) == len(straight.get_weights()) == 4
     for a, b in zip(resumed.get_weights(), straight.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert [s for s, _ in cb.manager.checkpoints()][-1] == 3 * 4

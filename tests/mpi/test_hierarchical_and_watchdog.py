@@ -49,11 +49,10 @@ def test_a_slow_rank_is_not_killed_before_the_stall_timeout(monkeypatch, world, 
     monkeypatch.setenv("HPCREP_STALL_TIMEOUT", "6")
     if r == 0:
         time.sleep(4.5)
-    start = time.monotonic()
     total = hc.allreduce(np.array([r + 1.0]), op=hc.Sum, name="slow.rank")
-    waited = time.monotonic() - start
     assert total[0] == n * (n + 1) / 2
     if n > 1 and r != 0:
-        assert waited > 3
+        # The warning shows the watchdog saw the wait; no wall-clock assert (a rank descheduled
+        # on a loaded machine would measure its own wait short).
         assert "warning: collective allreduce of 'slow.rank'" in capfd.readouterr().err
     assert watchdog.stall_timeout() == 6

@@ -25,7 +25,10 @@ def _raises(fn, *fragments):
     elapsed = time.monotonic() - start
     for fragment in fragments:
         assert fragment in str(info.value), str(info.value)
-    assert elapsed < 5, f"error took {elapsed:.1f} s"
+    # One 16-byte allreduce finds a mismatch before any data moves, so this takes milliseconds;
+    # what matters is that it does not hang (the 60 s timeout). 30 s only flags a check that
+    # waits for something, with room for a loaded 2-core machine running 4 ranks.
+    assert elapsed < 30, f"error took {elapsed:.1f} s"
     return str(info.value)
 
 

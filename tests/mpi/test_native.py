@@ -43,12 +43,23 @@ def setting(name: str, value: str):
 
 
 def both_paths(fn, *args):
-    """Return fn's results traced on the compiled path and on the Python path, as numpy."""
+    """Return fn's results traced on the compiled path and on the Python path, as numpy.
+
+    Fails unless the compiled op really reduced under ``on`` (its engine's request counter,
+    ``native.stats``, went up) and did not under ``off``: a dtype that silently fell back to
+    the Python path would otherwise compare the Python path with itself. At 1 rank nothing is
+    exchanged on either path, so there is nothing to count.
+    """
     out = []
     for mode in ("on", "off"):
+        before = native.stats(hc.communicator())[1]
         with setting("HPCREP_NATIVE", mode):
             results = tf.function(fn)(*args)
         out.append([r.numpy() for r in tf.nest.flatten(results)])
+        requests = native.stats(hc.communicator())[1] - before
+        if hc.size() > 1:
+            assert (requests > 0) == (mode == "on"), \
+                f"HPCREP_NATIVE={mode}: the compiled op reduced {requests} request(s)"
     return out
 
 
@@ -67,6 +78,7 @@ def test_compiled_path_gives_the_python_paths_bits(compiled, dtype, op):
     reduce_op = getattr(hvd, op)
     native_out, python_out = both_paths(
         lambda *ts: hvd.grouped_allreduce(list(ts), op=reduce_op), *tensors)
+    assert len(native_out) == len(python_out) == len(tensors)
     for a, b in zip(native_out, python_out):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
@@ -86,14 +98,21 @@ def test_buffers_beyond_the_chunk_size_give_the_same_bits_on_both_paths(compiled
         native_out, python_out = both_paths(
             lambda *ts: hvd.grouped_allreduce(list(ts), op=hvd.Sum), *tensors)
     everyone = hc.allgather_object([t.numpy().astype(np.float64) for t in tensors])
+    assert len(native_out) == len(python_out) == len(values)
     for i, (a, b) in enumerate(zip(native_out, python_out)):
         np.testing.assert_array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
         expected = sum(rank_values[i] for rank_values in everyone)
         if dtype == "int64":
             np.testing.assert_array_equal(a, expected.astype(np.int64))
         else:
-            np.testing.assert_allclose(a.astype(np.float64), expected,
-                                       rtol=1e-2 if dtype == "float16" else 1e-5, atol=0.05)
+            # n values summed in dtype, in any order (rounding after each addition, or once at
+            # the end) err by at most (n - 1) * u * sum(|x|), u being dtype's unit roundoff
+            # (2**-24 for float32, 2**-11 for float16); 1.01 covers the second-order term. At
+            # one rank the result must be exact.
+            u = {"float32": 2.0**-24, "float16": 2.0**-11}[dtype]
+            bound = 1.01 * (n - 1) * u * sum(np.abs(rank_values[i]) for rank_values in everyone)
+            error = np.abs(a.astype(np.float64) - expected)
+            assert np.all(error <= bound), f"error {error.max()} exceeds the rounding bound"
     assert_bitwise_equal_across_ranks(native_out)
 
 
@@ -104,6 +123,7 @@ def test_scale_factors_and_integer_average_match(compiled):
     native_out, python_out = both_paths(
         lambda a, b: [hvd.allreduce(a), hvd.allreduce(b, op=hvd.Sum, prescale_factor=0.3,
                                                       postscale_factor=1.7)], x, y)
+    assert len(native_out) == len(python_out) == 2
     for a, b in zip(native_out, python_out):
         np.testing.assert_array_equal(a, b)
     ints = np.array([3 * k + 1 for k in range(n)]), np.array([-k - 1 for k in range(n)])
@@ -168,6 +188,7 @@ def test_overlapped_buckets_train_the_same_weights(compiled):
     bitwise, as one exchange after it and as the Python path, and equal on every rank."""
     overlapped = _train("1", "on")
     for other in (_train("0", "on"), _train("1", "off")):
+        assert len(overlapped) == len(other) == 8  # 2 conv, 2 BN, 2 x 2 dense
         for a, b in zip(overlapped, other):
             np.testing.assert_array_equal(a, b)
     assert_bitwise_equal_across_ranks(overlapped)
@@ -269,11 +290,10 @@ def test_the_stall_watchdog_watches_the_communication_thread(compiled, monkeypat
     hc.barrier()
     if r == 0:
         time.sleep(4.5)
-    start = time.monotonic()
     total = step(tf.fill([4], float(r + 1)))
-    waited = time.monotonic() - start
     np.testing.assert_array_equal(total, np.full(4, n * (n + 1) / 2))
     if n > 1 and r != 0:
-        assert waited > 3
+        # The warning is the outcome that shows the wait was seen (no wall-clock assert here:
+        # a rank descheduled on a loaded machine would measure its own wait short).
         err = capfd.readouterr().err
         assert "allreduce (compiled path)" in err and "slow.rank.native" in err, err[-2000:]

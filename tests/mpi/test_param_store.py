@@ -14,11 +14,13 @@ from hpcrep.errors import CollectiveArgumentError, OneSidedUnavailableError
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_exchanges_from_every_rank_add_up(world):
+def test_exchanges_from_every_rank_add_up(world, skip_missing):
     r, n = world
     if not windows_available(hc.comm()):  # e.g. Open MPI 4.1 over TCP across nodes
         with pytest.raises(OneSidedUnavailableError, match="one-sided window"):
             ParamStore(hc.comm(), 5, n)
+        if hc.local_size() == hc.size():  # one node: windows over shared memory must work
+            skip_missing("MPI one-sided windows on one node (ParamStore raised the error above)")
         return
     store = ParamStore(hc.comm(), 5, n, initial=np.arange(5.0), host=n - 1)
     try:

@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import hpcrep.comm as hvd_comm
 import hpcrep.tensorflow as hvd
-from hpcrep.comm.param_store import windows_available
 from hpcrep.comm.groups import assignment as group_assignment
 from hpcrep.errors import ReplicaContextError, ReplicatorError
 from hpcrep.replicator import (CrossReplicaBatchNormalization, InputContext, PerReplica,
@@ -235,18 +233,9 @@ def test_cross_replica_batch_norm_uses_global_moments(world, rep):
     np.testing.assert_allclose(layer.moving_mean.numpy(), mean, rtol=1e-5, atol=1e-5)
 
 
-def skip_without_one_sided_windows() -> None:
-    """Skip where the async regime cannot run: no one-sided windows over the job's ranks."""
-    if not windows_available(hvd_comm.comm()):
-        pytest.skip("this MPI cannot create one-sided windows over the job (Open MPI 4.1 over "
-                    "TCP across nodes): the asynchronous regime runs within one node here; "
-                    "test_param_store checks the error it raises")
-
-
-def test_async_groups_within_test_world(world):
+def test_async_groups_within_test_world(world, one_sided_windows):
     """Sync groups: primitives span the group; after join() every rank holds the store's value."""
     r, n = world
-    skip_without_one_sided_windows()
     groups = 2 if n >= 2 else 1
     x, y = global_data(n, seed=5)
     with Replicator(SyncGroups(num_groups=groups, exchange_every=2)) as arep:
@@ -292,11 +281,10 @@ def test_async_groups_within_test_world(world):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_async_group_primitives_span_the_group_with_job_ranks(world, compiled):
+def test_async_group_primitives_span_the_group_with_job_ranks(world, compiled, one_sided_windows):
     """In a sync group every primitive, reduce() and hvd.* collective called by step_fn see only
     the group (the communicator is bound when the step is traced), while hvd.rank() stays the
     job rank."""
-    skip_without_one_sided_windows()
     r, n = world
     num_groups = 2 if n >= 2 else 1
     assigned = group_assignment(n, num_groups)

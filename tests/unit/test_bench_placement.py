@@ -34,7 +34,6 @@ def test_thread_env_sets_hpcrep_threads_and_refuses_zero():
 
 @pytest.mark.slow
 def test_a_job_given_n_cores_per_rank_runs_and_records_n_threads():
-    pytest.importorskip("tensorflow")
     code = ("import hpcrep.tensorflow as hvd; from bench.timing import time_rounds; hvd.init(); "
             "print(time_rounds({'a': lambda: 0.0}, 2, 1, 1.0)['a']['threads_per_rank'])")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, **thread_env(3))

@@ -26,6 +26,8 @@ def state(seed):
 
 
 def assert_state_equal(ckpt, expected):
+    assert len(ckpt.list("model")) == len(expected["model"]) == 2
+    assert len(ckpt.list("optimizer")) == len(expected["optimizer"]) == 2
     for a, b in zip(ckpt.list("model"), expected["model"]):
         np.testing.assert_array_equal(a, b)
         assert a.dtype == b.dtype

@@ -94,7 +94,8 @@ def test_convert_fashion_mnist(tmp_path, skip_missing):
 
 
 def test_tf_dataset(h5):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     from hpcrep.tensorflow.hdf5_dataset import hdf5_dataset
     ds = hdf5_dataset(h5, ["x", "y"], 8, epochs=2, rank=1, size=3, seed=5, start_step=1)
     assert int(ds.cardinality()) == 9

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-tf = pytest.importorskip("tensorflow")
-
-import hpcrep.comm  # noqa: E402
+import hpcrep.comm
 
 
 @pytest.fixture(scope="module", autouse=True)

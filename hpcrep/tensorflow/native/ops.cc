@@ -70,10 +70,15 @@ class EnqueueOp : public OpKernel {
       length += Padded(ctx->input(i).NumElements(), info.itemsize);
     request->length = length;
     // Describe the request by its inputs' shapes as well as the traced signature, so that two
-    // ranks whose dynamic shapes differ do not pass the check.
+    // ranks whose dynamic shapes differ do not pass the check. Every dimension counts, not
+    // only the element count: [2, 3] against [3, 2] is a mismatch.
     uint64_t sig = static_cast<uint64_t>(signature_);
-    for (int i = 0; i < ctx->num_inputs(); ++i)
-      sig = (sig * 1000003ull) ^ static_cast<uint64_t>(ctx->input(i).NumElements());
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const TensorShape& shape = ctx->input(i).shape();
+      sig = (sig * 1000003ull) ^ static_cast<uint64_t>(shape.dims());
+      for (int d = 0; d < shape.dims(); ++d)
+        sig = (sig * 1000003ull) ^ static_cast<uint64_t>(shape.dim_size(d));
+    }
     request->signature = static_cast<int64_t>(sig);
     request->description = description_;
     request->chunk_bytes = chunk_bytes_;
