@@ -46,17 +46,29 @@ class _DistributedMixin:
         """
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
-        if variables is not None and not self.built:
-            with keras.name_scope(self.name, caller=self):
-                self.build(variables)
-            self.built = True
-        if self._hpcrep_passes == 1:
-            reduced = self._hpcrep_reducer.reduce(grads, variables or self._trainable_variables)
+        if self._hpcrep_passes == 1:  # Keras's apply builds the optimizer on its first call
+            reduced = self._hpcrep_reducer.reduce(grads, self._hpcrep_sources(variables))
             return super().apply(reduced, variables)
+        if not self.built:
+            if variables is None:
+                raise CollectiveArgumentError(
+                    f"{self.name}: apply(grads) without trainable_variables needs a built "
+                    f"optimizer (backward_passes_per_step={self._hpcrep_passes} sums gradients "
+                    "per variable); pass the variables on the first call or call "
+                    "optimizer.build(variables) first")
+            # Keras's own build, once, here: its apply would otherwise create the slots inside
+            # the tf.cond branch below, which runs only on the k-th pass.
+            self.build(variables)
         return self._hpcrep_accumulate_and_apply(grads, variables)
 
+    def _hpcrep_sources(self, variables: Optional[list]) -> list:
+        """The variables ``grads`` belong to: those passed, else those the optimizer was built on
+        (empty if it is not built: then Keras's ``apply`` raises, asking for them)."""
+        return variables if variables is not None else list(self._trainable_variables)
+
     def _hpcrep_accumulate_and_apply(self, grads: list, variables: Optional[list]) -> Any:
-        accumulators, count = self._hpcrep_accumulators(variables or self._trainable_variables)
+        sources = self._hpcrep_sources(variables)
+        accumulators, count = self._hpcrep_accumulators(sources)
         for acc, g in zip(accumulators, grads):
             if g is not None:
                 acc.assign_add(tf.convert_to_tensor(g))
@@ -66,7 +78,7 @@ class _DistributedMixin:
         def exchange_and_apply() -> tf.Tensor:
             scale = 1.0 / passes if self._hpcrep_average_passes else 1.0
             summed = [None if g is None else acc * scale for acc, g in zip(accumulators, grads)]
-            reduced = self._hpcrep_reducer.reduce(summed, variables or self._trainable_variables)
+            reduced = self._hpcrep_reducer.reduce(summed, sources)
             super(_DistributedMixin, self).apply(reduced, variables)
             for acc in accumulators:
                 acc.assign(tf.zeros_like(acc))
@@ -129,50 +141,36 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     if int(backward_passes_per_step) < 1:
         raise CollectiveArgumentError(
             f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    cls = _distributed_class(type(optimizer))
+    reducer = GradientReducer(
+        op=op, compression=compression, sparse_as_dense=sparse_as_dense, num_groups=num_groups,
+        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    dist = cls.from_config(config)
-    _set_distributed_state(dist, GradientReducer(op, compression, sparse_as_dense,
-                                                 gradient_predivide_factor, num_groups, groups,
-                                                 process_set,
-                                                 scale_local_gradients=scale_local_gradients),
-                           int(backward_passes_per_step), bool(average_aggregated_gradients))
+    dist = _distributed_class(type(optimizer)).from_config(config)
+    dist._hpcrep_reducer = reducer
+    dist._hpcrep_passes = int(backward_passes_per_step)
+    dist._hpcrep_average_passes = bool(average_aggregated_gradients)
+    dist._hpcrep_acc = None
     return dist
 
 
-def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
-                                use_locking: bool = False, device_dense: str = "",
-                                device_sparse: str = "",
-                                compression: type[Compressor] = Compression.none,
-                                sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
-                                op: Any = ReduceOp.Average, gradient_predivide_factor: float = 1.0,
-                                average_aggregated_gradients: bool = False, num_groups: int = 0,
-                                groups: Any = None, process_set: Any = None,
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, *,
                                 local_layers: Any = None,
-                                scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+                                **options: Any) -> keras.optimizers.Optimizer:
     """A :func:`DistributedOptimizer` that keeps the gradients of ``local_layers`` local.
 
     The trainable weights of each layer in ``local_layers`` (built layers) are registered with
-    ``register_local_var``; the other arguments are :func:`DistributedOptimizer`'s.
+    ``register_local_var``. ``options`` are :func:`DistributedOptimizer`'s keyword arguments
+    (``name``, ``compression``, ``op``, ``process_set``, ``scale_local_gradients``, ...); unlike
+    Horovod's, this function takes them by keyword only.
 
     Raises:
         CollectiveArgumentError: ``local_layers`` holds something that is not a Keras layer.
     """
     local = local_layer_variables(local_layers)
-    dist = DistributedOptimizer(optimizer, name, use_locking, device_dense, device_sparse,
-                                compression, sparse_as_dense, backward_passes_per_step, op,
-                                gradient_predivide_factor, average_aggregated_gradients,
-                                num_groups, groups, process_set, scale_local_gradients)
+    dist = DistributedOptimizer(optimizer, **options)
     for variable in local:
         dist.register_local_var(variable)
     return dist
-
-
-def _set_distributed_state(opt: Any, reducer: GradientReducer, passes: int,
-                           average_passes: bool) -> None:
-    opt._hpcrep_reducer = reducer
-    opt._hpcrep_passes = passes
-    opt._hpcrep_average_passes = average_passes
-    opt._hpcrep_acc = None

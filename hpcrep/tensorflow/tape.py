@@ -54,32 +54,30 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
 
     Use it after the ``with tf.GradientTape() as tape:`` block, as in Horovod. With
     ``process_set`` the gradients are averaged over that set; ranks outside it get their own.
+    ``device_*`` are accepted and ignored (hpcrep reduces on the host).
     """
     return _DistributedGradientTape(gradtape, GradientReducer(
-        op, compression, sparse_as_dense, gradient_predivide_factor, num_groups, groups,
-        process_set, scale_local_gradients=scale_local_gradients))
+        op=op, compression=compression, sparse_as_dense=sparse_as_dense, num_groups=num_groups,
+        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients))
 
 
-def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
-                                   device_sparse: str = "",
-                                   compression: type[Compressor] = Compression.none,
-                                   sparse_as_dense: bool = False, op: Any = ReduceOp.Average,
-                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                                   groups: Any = None, process_set: Any = None,
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, *,
                                    local_layers: Optional[Union[keras.layers.Layer,
                                                                 Iterable[Any]]] = None,
-                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+                                   **options: Any) -> tf.GradientTape:
     """A :func:`DistributedGradientTape` that keeps the gradients of ``local_layers`` local.
 
     The trainable weights of each layer in ``local_layers`` are registered with
-    ``register_local_source``; the other arguments are :func:`DistributedGradientTape`'s.
+    ``register_local_source``. ``options`` are :func:`DistributedGradientTape`'s keyword
+    arguments (``compression``, ``op``, ``process_set``, ``scale_local_gradients``, ...); unlike
+    Horovod's, this function takes them by keyword only.
 
     Raises:
         CollectiveArgumentError: ``local_layers`` holds something that is not a Keras layer.
     """
-    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
-                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
-                                   groups, process_set, scale_local_gradients)
-    for variable in local_layer_variables(local_layers):
+    local = local_layer_variables(local_layers)
+    tape = DistributedGradientTape(gradtape, **options)
+    for variable in local:
         tape.register_local_source(variable)
     return tape

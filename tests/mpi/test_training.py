@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import hpcrep.tensorflow as hvd
 import hpcrep.tensorflow.keras as hvdk
+from hpcrep.errors import CollectiveArgumentError
 
 K, B, FEATURES = 6, 8, 5
 
@@ -141,6 +142,23 @@ def test_backward_passes_per_step(world):
     assert int(opt.iterations) == K
     assert_same_on_all_ranks(model.get_weights())
     assert_matches(model, train_reference(x, y, n, 0.05))
+
+
+def test_backward_passes_need_the_variables_until_built(world):
+    """Gradients are summed per variable, so apply(grads) alone on an unbuilt optimizer raises
+    on every rank before any exchange; once Keras's build has run, it accumulates and applies."""
+    model = make_model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    with pytest.raises(CollectiveArgumentError, match="needs a built optimizer"):
+        opt.apply(grads)
+    opt.build(model.trainable_variables)
+    before = [v.numpy() for v in model.trainable_variables]
+    opt.apply(grads)
+    opt.apply(grads)
+    assert int(opt.iterations) == 1
+    for v, b in zip(model.trainable_variables, before):
+        np.testing.assert_allclose(v.numpy(), b - 0.1 * 2, rtol=1e-6)  # summed: 2 passes of 1
 
 
 def test_sync_batch_norm_matches_global_batch(world):

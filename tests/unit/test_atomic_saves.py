@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from hpcrep.tensorflow import lr_scale
+from hpcrep.tensorflow._keras import lr_scale
 from hpcrep.tensorflow.transparent.rank_zero import _write_atomically
 
 

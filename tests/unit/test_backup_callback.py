@@ -3,7 +3,7 @@ its own methods."""
 
 import keras
 
-from hpcrep.tensorflow.backup_and_restore import BackupAndRestore
+from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
 
 
 def test_a_users_backup_subclass_keeps_its_hooks():

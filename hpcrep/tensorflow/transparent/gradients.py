@@ -14,8 +14,8 @@ that override ``apply`` and delegate to an inner optimizer (``LossScaleOptimizer
 inner one.
 
 With ``HPCREP_TRANSPARENT_SCALE_LR`` the rate is multiplied by the number of ranks the first time
-an optimizer applies gradients (:mod:`hpcrep.tensorflow.lr_scale`, which also keeps the factor out
-of saved files).
+an optimizer applies gradients (:mod:`hpcrep.tensorflow._keras.lr_scale`, which also keeps the
+factor out of saved files).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import keras
 
 from hpcrep import comm, config
 from hpcrep.tensorflow.gradients import GradientReducer
-from hpcrep.tensorflow.lr_scale import scale_learning_rate
+from hpcrep.tensorflow._keras.lr_scale import scale_learning_rate
 from hpcrep.tensorflow.optimizer import is_distributed
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
 

@@ -3,7 +3,8 @@ files with ``load_weights``.
 
 Saving runs without the variable-creation broadcast (rank 0 is alone), writes to a temporary
 name and renames it into place (a rank killed mid-save leaves the previous complete file), and
-stores the learning rate the script asked for (:func:`hpcrep.tensorflow.lr_scale.unscaled`).
+stores the learning rate the script asked for
+(:func:`hpcrep.tensorflow._keras.lr_scale.unscaled`).
 On other ranks ``sys.stdout`` goes to ``/dev/null`` (errors on ``sys.stderr`` still show).
 ``save``/``save_weights`` write on rank 0; outside ``fit`` (where every rank calls them) the ranks
 then agree on the outcome, so the file exists when any rank returns and a failed save raises on
@@ -27,8 +28,8 @@ import keras
 from hpcrep import comm
 from hpcrep.checkpoint.root_io import (SUFFIXES, agree_outcome, commit, discard,
                                        temporary_beside)
-from hpcrep.tensorflow import lr_scale
-from hpcrep.tensorflow.backup_and_restore import broadcast_model_state
+from hpcrep.tensorflow._keras import lr_scale
+from hpcrep.tensorflow._keras.backup_and_restore import broadcast_model_state
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
 from hpcrep.tensorflow.transparent.state import in_keras_loop, local_only
 

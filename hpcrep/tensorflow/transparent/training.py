@@ -25,10 +25,10 @@ import keras
 import numpy as np
 
 from hpcrep import comm
-from hpcrep.tensorflow.backup_and_restore import BackupAndRestore
-from hpcrep.tensorflow.checkpoint_callback import callback_from_settings
-from hpcrep.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,
-                                               MetricAverageCallback, average_logs)
+from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
+from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback,
+                                                MetricAverageCallback, average_logs)
+from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.transparent import sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
 from hpcrep.tensorflow.transparent.state import in_keras_loop, keras_loop
@@ -54,8 +54,8 @@ def distributed_callbacks(callbacks: Any, checkpoint: Optional[keras.callbacks.C
     Order matters: the broadcast runs before anything trains, the averaging before any user
     callback reads the logs. Every rank decides the same list apart from the rank-0-only writers.
     ``keras.callbacks.BackupAndRestore`` runs on every rank as
-    :class:`hpcrep.tensorflow.backup_and_restore.BackupAndRestore` (rank 0 reads and writes, every
-    rank gets the restored state and epoch). ``checkpoint`` (HPCREP_CHECKPOINT_DIR's
+    hpcrep's ``hvd.callbacks.BackupAndRestore`` (rank 0 reads and writes, every rank gets the
+    restored state and epoch). ``checkpoint`` (HPCREP_CHECKPOINT_DIR's
     :class:`CheckpointCallback`) runs on every rank: its saves and signal handling are collective.
     """
     user = list(callbacks) if isinstance(callbacks, (list, tuple)) else (

@@ -29,7 +29,7 @@ import keras
 
 from hpcrep import comm
 from hpcrep.checkpoint.root_io import agree_outcome, commit, discard, temporary_beside
-from hpcrep.tensorflow import lr_scale
+from hpcrep.tensorflow._keras import lr_scale
 from hpcrep.tensorflow.variables import broadcast_variables
 
 _EPOCH_ATTR = "hpcrep_training_metadata"

@@ -1,0 +1,207 @@
+"""The elastic states and ``run``, without Keras: :class:`State`, :class:`ObjectState`,
+:class:`TensorFlowState`. Keras's state and callbacks are in
+:mod:`hpcrep.tensorflow._keras.elastic`; the public face, with what elastic mode does and does not
+do, is :mod:`hpcrep.tensorflow.elastic`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import os
+import pickle
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+
+from hpcrep import comm, config
+from hpcrep.tensorflow.variables import broadcast_object, broadcast_variables
+
+_state_ids = itertools.count()  # states are numbered in creation order, the same in every run
+
+
+class State:
+    """Base of the elastic states: ``commit``/``restore``/``sync`` and reset callbacks."""
+
+    def __init__(self) -> None:
+        self._reset_callbacks: list[Callable[[], None]] = []
+        self._state_id = next(_state_ids)
+        self._resume_checked = False
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Register functions to call when the job's membership changes (never, in hpcrep)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Call the reset callbacks (Horovod calls this after membership changes). Local."""
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
+        """Horovod compatibility: hosts never change under hpcrep."""
+
+    def commit(self) -> None:
+        """Snapshot the state (what ``restore`` returns to); with ``HPCREP_ELASTIC_DIR`` rank 0
+        also writes it to disk, and no rank returns before the file is in place, so a rank that
+        fails after its commit can never leave an older commit behind.
+
+        Collective with ``HPCREP_ELASTIC_DIR`` (every rank must call it, as Horovod's commit,
+        which checks for host updates with the other ranks); local without.
+        """
+        self.save()
+        directory = config.get("HPCREP_ELASTIC_DIR")
+        if directory and comm.rank() == 0:
+            path = self._path(directory)
+            os.makedirs(directory, exist_ok=True)
+            with open(path + ".tmp", "wb") as f:
+                pickle.dump(self._snapshot(), f)
+            os.replace(path + ".tmp", path)  # a crash mid-write leaves the previous commit
+        if directory:
+            comm.barrier()
+        self.check_host_updates()
+
+    def _resume_from_disk(self) -> None:
+        """On the first sync, load the last commit written by a previous run into rank 0."""
+        if self._resume_checked:
+            return
+        self._resume_checked = True
+        directory = config.get("HPCREP_ELASTIC_DIR")
+        if directory and comm.rank() == 0 and os.path.exists(self._path(directory)):
+            with open(self._path(directory), "rb") as f:
+                self._load_snapshot(pickle.load(f))
+            self.restore()
+
+    def _path(self, directory: str) -> str:
+        return os.path.join(directory, f"elastic-state-{self._state_id}.pkl")
+
+    def _snapshot(self) -> dict:
+        raise NotImplementedError
+
+    def _load_snapshot(self, snapshot: dict) -> None:
+        raise NotImplementedError
+
+    def check_host_updates(self) -> None:
+        """Horovod compatibility: there are no host updates without a driver. Local."""
+
+    def save(self) -> None:
+        """Snapshot the state in memory. Local."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Return the state to the last snapshot. Local."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Give every rank rank 0's state and snapshot it.
+
+        Collective: every rank must call this.
+        """
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """Plain Python attributes (``ObjectState(epoch=0, batch=0)``) saved, restored and synced.
+
+    Args:
+        bcast_object: function broadcasting a picklable object from rank 0 (default hpcrep's).
+        get_rank: accepted for Horovod compatibility.
+        **kwargs: the attributes and their initial values.
+    """
+
+    def __init__(self, bcast_object: Optional[Callable[[Any], Any]] = None,
+                 get_rank: Optional[Callable[[], int]] = None, **kwargs: Any) -> None:
+        self._bcast_object = bcast_object or (lambda obj: broadcast_object(obj, 0))
+        self._saved_state = copy.deepcopy(kwargs)
+        self._set_attrs()
+        super().__init__()
+
+    def save(self) -> None:
+        self._saved_state = {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        """Give every rank rank 0's last snapshot of the attributes. Collective."""
+        self._resume_from_disk()
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _snapshot(self) -> dict:
+        return {"attrs": self._saved_state}
+
+    def _load_snapshot(self, snapshot: dict) -> None:
+        self._saved_state = snapshot["attrs"]
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))
+
+
+class TensorFlowState(ObjectState):
+    """TensorFlow variables plus plain attributes.
+
+    Args:
+        variables: the variables to save, restore and sync.
+        **kwargs: plain attributes, as for :class:`ObjectState`.
+    """
+
+    def __init__(self, variables: Optional[Iterable[Any]] = None, **kwargs: Any) -> None:
+        self._fixed_variables = list(variables or [])
+        self._values: list[np.ndarray] = []
+        super().__init__(**kwargs)
+        self._save_variables()
+
+    def variables(self) -> list[Any]:
+        """Return the variables this state covers (read each time: optimizers build lazily)."""
+        return self._fixed_variables
+
+    def save(self) -> None:
+        self._save_variables()
+        super().save()
+
+    def restore(self) -> None:
+        for variable, value in zip(self.variables(), self._values):
+            variable.assign(value)
+        super().restore()
+
+    def sync(self) -> None:
+        """Give every rank rank 0's variables and attributes, and snapshot them. Collective."""
+        self._resume_from_disk()
+        variables = self.variables()
+        if variables:
+            broadcast_variables(variables, root_rank=0)
+        self._save_variables()
+        super().sync()
+
+    def _snapshot(self) -> dict:
+        return {**super()._snapshot(), "values": self._values}
+
+    def _load_snapshot(self, snapshot: dict) -> None:
+        super()._load_snapshot(snapshot)
+        self._values = snapshot["values"]
+
+    def _save_variables(self) -> None:
+        self._values = [np.array(v.numpy(), copy=True) for v in self.variables()]
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate ``func(state, ...)``: sync ``state`` from rank 0, then run ``func``.
+
+    Horovod's ``run`` also retries after a rank fails or hosts change; hpcrep has no driver, so a
+    failure ends the job (see the module docstring).
+
+    Collective: every rank must call the decorated function.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        state.sync()
+        return func(state, *args, **kwargs)
+
+    return wrapper
+
+
+__all__ = ["State", "ObjectState", "TensorFlowState", "run"]
