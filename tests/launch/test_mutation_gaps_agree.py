@@ -24,7 +24,7 @@ def run_job(mpirun, case):
 
     assert check.agree(MPI.COMM_SELF, ("allreduce", ("Sum",), (("w", "float32", (3,)),))) is None
     env = {"PYTHONPATH": os.pathsep.join([HPCREP_ROOT, os.environ.get("PYTHONPATH", "")])}
-    out = mpirun.run(2, [sys.executable, str(JOB), case], timeout=120, env=env)
+    out = mpirun.run(2, [sys.executable, str(JOB), case], timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     return sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
 

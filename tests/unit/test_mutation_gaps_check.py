@@ -54,6 +54,7 @@ def test_a_tensor_named_differently_on_a_rank_shows_that_ranks_name():
     a = sig("allreduce", (), ("w", "float32", (3,)))
     b = sig("allreduce", (), ("v", "float64", (3,)))
     msg = check.mismatch_message([a, b])
+    assert "ranks disagree on tensor 'w' (position 0 of 1)" in msg  # rank 0's name
     assert "rank 0 passed float32[3]; rank 1 passed 'v' float64[3]" in msg
 
 

@@ -75,7 +75,8 @@ def test_pack_and_unpack_round_trip_with_and_without_scale():
         assert np.array_equal(got, np.asarray(want) * 0.5)
 
 
-def test_pack_without_fill_copies_nothing_and_never_casts():
+def test_pack_without_fill_copies_nothing_and_never_casts(monkeypatch):
+    monkeypatch.setattr(fusion, "POOL", fusion.BufferPool())  # no free buffer of other tests
     arrays = [np.full(4, 3.0, dtype=np.float32)]
     (bucket,) = fusion.plan((((4,), "float32"),), 1024)
     marker = fusion.pack(bucket, arrays)
@@ -110,3 +111,11 @@ def test_pool_gives_back_the_same_buffer_once_free_and_keeps_a_bounded_number():
     alive = [again] + [pool.take(np.dtype(np.float32), 8) for _ in range(3)]
     assert len({b.ctypes.data for b in alive}) == 4
     assert [len(v) for v in pool._free.values()] == [2]
+
+
+def test_pack_scales_integer_tensors_in_their_own_dtype(monkeypatch):
+    monkeypatch.setattr(fusion, "POOL", fusion.BufferPool())
+    arrays = [np.array([1, 2, 3], dtype=np.int32)]
+    (bucket,) = fusion.plan((((3,), "int32"),), 1024)
+    buf = fusion.pack(bucket, arrays, scale=2.0)
+    assert buf.dtype == np.int32 and buf[:3].tolist() == [2, 4, 6]
