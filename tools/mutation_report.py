@@ -6,8 +6,10 @@ repository's root), prints a summary table and writes ``reports/mutation-<time>/
 module the killed / survived / timeout / no-tests / other counts, the kill rate, and every mutant
 that was not killed with its diff (what ``mutmut show NAME`` prints).
 
-Kill rate = (killed + timeout) / mutants. A mutant no selected test runs ("no tests") counts as
-not killed: it is a gap too. Run from the repository's root, after ``mutmut run``::
+Kill rate = (killed + timeout) / mutants checked. A mutant no selected test runs ("no tests")
+counts as checked and not killed: it is a gap too. Mutants a run did not reach (it was stopped
+at its time limit) are counted as "not checked" and left out of the rate. Run from the
+repository's root, after ``mutmut run``::
 
     python tools/mutation_report.py [--elapsed SECONDS] [--out reports/mutation-<time>]
 """
@@ -28,7 +30,7 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           35: "suspicious", 36: "timeout", 37: "type check", -24: "timeout", 24: "timeout",
           152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault", 2: "interrupted",
           None: "not checked"}
-COLUMNS = ("killed", "timeout", "survived", "no tests", "other")
+COLUMNS = ("killed", "timeout", "survived", "no tests", "other", "not checked")
 
 
 def status_of(exit_code: Any) -> str:
@@ -53,9 +55,9 @@ def summarise(codes: dict[str, Any]) -> dict[str, Any]:
     counts = {c: 0 for c in COLUMNS}
     for code in codes.values():
         counts[status_of(code)] += 1
-    total = len(codes)
-    counts["total"] = total
-    counts["rate"] = (counts["killed"] + counts["timeout"]) / total if total else 0.0
+    checked = len(codes) - counts["not checked"]
+    counts["total"] = len(codes)
+    counts["rate"] = (counts["killed"] + counts["timeout"]) / checked if checked else None
     return counts
 
 
@@ -75,7 +77,8 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     head = ("module",) + COLUMNS + ("total", "kill rate")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for module, c in rows.items():
-        cells = [module] + [str(c[k]) for k in COLUMNS] + [str(c["total"]), f"{c['rate']:.0%}"]
+        rate = "-" if c["rate"] is None else f"{c['rate']:.0%}"
+        cells = [module] + [str(c[k]) for k in COLUMNS] + [str(c["total"]), rate]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -101,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     text = [f"# Mutation testing ({when:%Y-%m-%d %H:%M} UTC)", ""]
     if args.elapsed is not None:
         text += [f"mutmut run took {args.elapsed:.0f} s.", ""]
-    text += ["Kill rate = (killed + timeout) / total; 'no tests' = no selected test calls the "
-             "mutated function.", "", table(rows_total), ""]
+    text += ["Kill rate = (killed + timeout) / mutants checked; 'no tests': no selected test "
+             "calls the mutated function; 'not checked': the run stopped before this mutant.",
+             "", table(rows_total), ""]
     for path, codes in results.items():
-        left = sorted((k for k, v in codes.items() if status_of(v) not in ("killed", "timeout")),
-                      key=_natural)
+        left = sorted((k for k, v in codes.items()
+                       if status_of(v) not in ("killed", "timeout", "not checked")), key=_natural)
         text += [f"## {path}: {len(left)} not killed", ""]
         for name in left:
             text += [f"### {name} ({status_of(codes[name])})", "", "```diff", diff_of(name), "```",
