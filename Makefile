@@ -6,7 +6,7 @@ PYTEST  := $(PY) -m pytest -p no:cacheprovider
 # from HPCREP_TF_LOG (quiet by default; HPCREP_TF_LOG=all shows everything), unless it is set.
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install lint test test-unit test-mpi test-launch test-cluster bench bench-full peers clean
+.PHONY: install lint test test-unit test-mpi test-launch test-cluster bench bench-full peers mutation clean
 
 install:
 	@bash tools/install.sh
@@ -68,6 +68,27 @@ peers: install
 bench-full: install
 	@$(PY) -c "import dm_control.suite" 2>/dev/null || $(PY) -m pip install -q -e ".[dmc]"
 	$(PY) -m hpcrep.cli bench convergence all --scale full
+
+# Mutation testing of the modules behind the key promises (mismatch check, watchdog, checkpoint
+# save/restore, fusion plan and packing, input sharding); not part of `make test`. mutmut 3.8
+# (setup.cfg extra 'mutation', installed here if missing) is configured in pyproject.toml
+# ([tool.mutmut]: which files, which fast tests, per-mutant timeouts). Each run starts afresh
+# (mutants/ is removed), runs at low priority on MUTATION_JOBS workers, is cut off after
+# MUTATION_TIMEOUT seconds, and ends with tools/mutation_report.py: the kill rate per module,
+# the survivors and their diffs in reports/mutation-<time>/report.md, and how long it took.
+# MUTANTS="hpcrep.comm.check*" mutates one module only.
+MUTATION_JOBS    ?= 2
+MUTATION_TIMEOUT ?= 3600
+MUTANTS          ?=
+mutation: install
+	@$(PY) -c "import importlib.metadata as m, sys; sys.exit(not m.version('mutmut').startswith('3.8.'))" 2>/dev/null \
+		|| $(PY) -m pip install -q -e ".[mutation]"
+	rm -rf mutants
+	@start=$$(date +%s); status=0; \
+	HPCREP_THREADS=1 nice -n 19 timeout $(MUTATION_TIMEOUT) $(PY) -m mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS) \
+		|| { status=$$?; echo "mutation: mutmut run ended with status $$status"; [ $$status != 124 ] \
+		|| echo "mutation: stopped at MUTATION_TIMEOUT=$(MUTATION_TIMEOUT) s: the report has the mutants checked by then"; }; \
+	$(PY) tools/mutation_report.py --elapsed $$(( $$(date +%s) - start )) || status=$$?; exit $$status
 
 clean:
 	rm -rf .venv .venv-peers reports

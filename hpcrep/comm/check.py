@@ -24,8 +24,7 @@ Entry = tuple[str, str, tuple[int, ...]]
 Signature = tuple[str, tuple[Any, ...], tuple[Entry, ...]]
 
 
-@functools.lru_cache(maxsize=4096)
-def signature_hash(signature: Signature) -> int:
+def _signature_hash(signature: Signature) -> int:
     """Return a 62-bit hash of ``signature`` that is the same in every process.
 
     Tensor names are left out: they label tensors in error messages, but ranks may name the same
@@ -35,6 +34,10 @@ def signature_hash(signature: Signature) -> int:
     unnamed = (kind, params, tuple((dtype, shape) for _, dtype, shape in entries_))
     digest = hashlib.blake2b(repr(unnamed).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 2
+
+
+# Cached by wrapping rather than by decorating: mutmut (make mutation) skips decorated functions.
+signature_hash = functools.lru_cache(maxsize=4096)(_signature_hash)
 
 
 def describe(entry: Entry) -> str:

@@ -55,8 +55,7 @@ def padded_count(count: int, itemsize: int) -> int:
     return -(-count // per) * per
 
 
-@functools.lru_cache(maxsize=1024)
-def plan(layout: tuple[tuple[tuple[int, ...], str], ...], threshold: int) -> tuple[Bucket, ...]:
+def _plan(layout: tuple[tuple[tuple[int, ...], str], ...], threshold: int) -> tuple[Bucket, ...]:
     """Return the buckets for arrays of the given ``(shape, dtype name)`` in call order.
 
     Arrays of one dtype are packed in call order; a bucket is closed when the next array would
@@ -87,6 +86,11 @@ def plan(layout: tuple[tuple[tuple[int, ...], str], ...], threshold: int) -> tup
     # the call order alone.
     buckets.sort(key=lambda b: b.slots[0].index)
     return tuple(buckets)
+
+
+# Cached by wrapping rather than by decorating ``_plan``: mutmut (make mutation) skips decorated
+# functions, and the plan is one of the things it must mutate.
+plan = functools.lru_cache(maxsize=1024)(_plan)
 
 
 class Lease:
