@@ -30,6 +30,8 @@ def call(names=("a",), seq=1, kind="allreduce"):
 def test_what_names_up_to_three_tensors_and_counts_the_rest():
     assert watchdog._what(call(("a", "b", "c", "d", "e"), 7)) == (
         "collective allreduce of 'a', 'b', 'c' and 2 more (call #7 here)")
+    assert watchdog._what(call(("a", "b", "c", "d"))) == (
+        "collective allreduce of 'a', 'b', 'c' and 1 more (call #1 here)")
     assert watchdog._what(call(("a", "b", "c"))) == (
         "collective allreduce of 'a', 'b', 'c' (call #1 here)")
     assert watchdog._what(call((), 2, "barrier")) == (
@@ -39,7 +41,7 @@ def test_what_names_up_to_three_tensors_and_counts_the_rest():
 def test_ranks_are_grouped_by_host(state):
     state.hosts = ("n1", "n1", "n2", "n1")
     assert watchdog._ranks([0, 1, 3, 2]) == "ranks 0, 1, 3 on n1; rank 2 on n2"
-    assert watchdog._ranks([2, 5]) == "rank 2 on n2; rank 5 on ?"  # a rank past the known hosts
+    assert watchdog._ranks([2, 4]) == "rank 2 on n2; rank 4 on ?"  # a rank past the known hosts
 
 
 def test_report_says_where_each_rank_waits_and_who_did_not_answer(state):
