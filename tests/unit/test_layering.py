@@ -23,7 +23,10 @@ Private names: a name with one leading underscore (``_x``, not ``__x__``) that l
 package than the importer's: ``from hpcrep.p.m import _x``, ``m._x`` or ``hpcrep.p.m._x`` through
 an imported module, or a private module ``hpcrep.p._m`` imported from outside ``hpcrep.p``. The
 importer's package is the directory of its file; "another package" includes parents and
-subpackages (a private name is for the modules beside it).
+subpackages (a private name is for the modules beside it). A private module or subpackage is the
+one exception: it serves its whole holding package, subpackages included (Horovod's pattern:
+``hpcrep.tensorflow._keras`` holds the implementation behind the thin public faces
+``hpcrep.tensorflow.keras`` and the modules of ``hpcrep.tensorflow.transparent``).
 """
 
 from __future__ import annotations
@@ -258,6 +261,11 @@ def _holder(dotted: str, modules: dict[str, Path], root: Path) -> Optional[str]:
     return None
 
 
+def _within(package: str, holder: str) -> bool:
+    """Whether ``package`` is ``holder`` or one of its subpackages."""
+    return package == holder or package.startswith(holder + ".")
+
+
 def private_uses(root: Path) -> dict[tuple[str, str], str]:
     """(file under ``root``, ``private NAME``) -> the importer's package, for every use of a
     private name from outside the package that holds it (see the module docstring)."""
@@ -270,7 +278,7 @@ def private_uses(root: Path) -> dict[tuple[str, str], str]:
         tree = ast.parse(path.read_text(), str(path))
         for node, target, name in _imports(path, package, modules):
             holder = _holder(target, modules, root)
-            if holder is not None and holder != package:
+            if holder is not None and not _within(package, holder):
                 found[(file, f"private {target}")] = package
             target_package = _package_of(modules[target], root)
             if name is not None and _is_private(name) and target_package != package:
@@ -364,6 +372,7 @@ def test_the_private_check_finds_planted_private_uses(tmp_path):
         "app/d.py": "def f():\n    import fake.core._impl\n",
         "app/e.py": "from ..core.engine import _helper, __name__\n",
         "app/fine.py": "from fake.core import engine\nengine.__name__\n",
+        "core/sub/ok.py": "from fake.core._impl import X\n",  # a private module serves its holder
     })
     assert set(private_uses(root)) == {
         ("app/a.py", "private fake.core.engine._hidden"),
