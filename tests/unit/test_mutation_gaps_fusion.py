@@ -61,14 +61,14 @@ def test_pack_and_unpack_round_trip_with_and_without_scale():
               np.linspace(0, 1, 17, dtype=np.float32)]
     (bucket,) = fusion.plan(tuple((a.shape, a.dtype.name) for a in map(np.asarray, arrays)),
                             1 << 20)
-    buf = fusion.pack(bucket, arrays)
+    buf = fusion.pack(bucket, arrays).hand_over()  # results are views of it
     assert buf.dtype == np.float32 and buf.shape == (bucket.length,)
     out = [None] * 3
     fusion.unpack(bucket, buf, [np.shape(a) for a in arrays], out)
     for got, want in zip(out, arrays):
         assert got.shape == np.shape(want) and np.array_equal(got, want)
         assert np.shares_memory(got, buf)  # views, not copies
-    halved = fusion.pack(bucket, arrays, scale=0.5)
+    halved = fusion.pack(bucket, arrays, scale=0.5).hand_over()
     assert not np.shares_memory(halved, buf)  # buf's views are alive: a new buffer
     fusion.unpack(bucket, halved, [np.shape(a) for a in arrays], out)
     for got, want in zip(out, arrays):
@@ -79,11 +79,11 @@ def test_pack_without_fill_copies_nothing_and_never_casts(monkeypatch):
     monkeypatch.setattr(fusion, "POOL", fusion.BufferPool())  # no free buffer of other tests
     arrays = [np.full(4, 3.0, dtype=np.float32)]
     (bucket,) = fusion.plan((((4,), "float32"),), 1024)
-    marker = fusion.pack(bucket, arrays)
+    marker = fusion.pack(bucket, arrays).hand_over()
     marker[:] = -1.0
     address = marker.ctypes.data
     del marker
-    empty = fusion.pack(bucket, arrays, fill=False)  # the pool's buffer, left as it was
+    empty = fusion.pack(bucket, arrays, fill=False).hand_over()  # the pool's buffer, left as it was
     assert empty.ctypes.data == address and np.all(empty == -1.0)
     del empty
     with pytest.raises(TypeError):  # float64 into a float32 bucket: refused, not cast
@@ -94,22 +94,25 @@ def test_pack_without_fill_copies_nothing_and_never_casts(monkeypatch):
 def test_pool_hands_out_exactly_the_length_asked_for_aligned(dtype):
     pool = fusion.BufferPool()
     for length in (0, 1, 33, 1000):
-        buf = pool.take(np.dtype(dtype), length)
+        buf = pool.take(np.dtype(dtype), length).hand_over()
         assert buf.dtype == np.dtype(dtype) and buf.shape == (length,)
         assert length == 0 or buf.ctypes.data % fusion.ALIGN == 0  # (an empty view has no data)
 
 
 def test_pool_gives_back_the_same_buffer_once_free_and_keeps_a_bounded_number():
     pool = fusion.BufferPool(keep_per_size=2)
-    a = pool.take(np.dtype(np.float32), 8)
+    a = pool.take(np.dtype(np.float32), 8).hand_over()
     a[:] = 5.0
     address = a.ctypes.data
     del a
-    again = pool.take(np.dtype(np.float32), 8)
+    again = pool.take(np.dtype(np.float32), 8).hand_over()
     # The very buffer (values left in it), not a new zero-filled one at the same address.
     assert again.ctypes.data == address and np.all(again == 5.0)
-    alive = [again] + [pool.take(np.dtype(np.float32), 8) for _ in range(3)]
+    alive = [again] + [pool.take(np.dtype(np.float32), 8).hand_over() for _ in range(3)]
     assert len({b.ctypes.data for b in alive}) == 4
+    assert pool.on_loan() == 4
+    del again, alive  # all four come back; the pool keeps two of them
+    assert pool.on_loan() == 0
     assert [len(v) for v in pool._free.values()] == [2]
 
 
@@ -117,5 +120,5 @@ def test_pack_scales_integer_tensors_in_their_own_dtype(monkeypatch):
     monkeypatch.setattr(fusion, "POOL", fusion.BufferPool())
     arrays = [np.array([1, 2, 3], dtype=np.int32)]
     (bucket,) = fusion.plan((((3,), "int32"),), 1024)
-    buf = fusion.pack(bucket, arrays, scale=2.0)
+    buf = fusion.pack(bucket, arrays, scale=2.0).hand_over()
     assert buf.dtype == np.int32 and buf[:3].tolist() == [2, 4, 6]
