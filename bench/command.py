@@ -98,6 +98,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace, nodes: Any) -> int:
     from bench import report as report_mod  # noqa: PLC0415
+    from bench import report_markdown  # noqa: PLC0415
 
     ranks = sorted({int(r) for r in args.ranks.split(",") if r.strip()})
     if not ranks or min(ranks) < 1:
@@ -141,7 +142,7 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
     report_mod.derive(report)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=2)
-    paths = report_mod.render(report, out)
+    paths = report_markdown.render(report, out)
     print(report_mod.summary(report))
     print("wrote " + ", ".join([os.path.join(out, "report.json")] + paths))
     return 1 if report["errors"] else 0

@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Re-render the report; returns 0, or 2 if DIR holds no report.json."""
-    from bench import report  # noqa: PLC0415
+    from bench import report, report_markdown  # noqa: PLC0415
 
     path = os.path.join(args.dir, "report.json")
     if not os.path.exists(path):
@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
         report.derive(data)
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
-    paths = report.render(data, args.dir)
+    paths = report_markdown.render(data, args.dir)
     print(report.summary(data))
     print("wrote " + ", ".join(paths))
     return 0

@@ -99,7 +99,7 @@ def fake_report() -> dict:
 
 
 def test_derive_and_render_then_rerender_from_json(tmp_path):
-    from bench import report
+    from bench import report, report_markdown
     from hpcrep.cli import main
 
     data = fake_report()
@@ -123,7 +123,7 @@ def test_derive_and_render_then_rerender_from_json(tmp_path):
                                             "max": pytest.approx(1.6)}
     assert data["projection"]["software_ms"] == 0.25
     assert data["projection"]["memcpy_gbps"] == 11.0
-    paths = report.render(data, str(tmp_path))
+    paths = report_markdown.render(data, str(tmp_path))
     names = sorted(p.split("/")[-1] for p in paths)
     assert names == ["allreduce_bandwidth.png", "projection.png", "report.md",
                      "resnet50_scaling.png"]
@@ -155,7 +155,7 @@ def test_efficiency_is_against_one_rank_at_the_same_cores_per_rank():
 
 
 def test_summary_leads_with_no_sync_and_compares_horovod_through_its_own_job():
-    from bench import report
+    from bench import report, report_markdown
 
     data = fake_report()
     model = data["models"]["resnet50"]
@@ -172,7 +172,7 @@ def test_summary_leads_with_no_sync_and_compares_horovod_through_its_own_job():
     assert rows[0] == ["model", "ranks", "hpcrep/no-sync", "hpcrep/raw MPI", "hpcrep/Horovod",
                        "hpcrep/MWMS", "hpcrep efficiency vs 1 rank", "self-checks"]
     assert rows[-1][4] == "0.75 [0.72-0.80]" and rows[-1][-1] == "ok"
-    md = report.markdown(data, [])
+    md = report_markdown.markdown(data, [])
     assert "HOROVOD_FUSION_THRESHOLD=16777216" in md and "DistributedGradientTape" in md
     assert "grouped_allreduce` vs" not in md
     assert "| resnet50 | 2 | 0.75 [0.72-0.80] | 1 | 0.75 [0.72-0.80] |" in md
@@ -180,7 +180,7 @@ def test_summary_leads_with_no_sync_and_compares_horovod_through_its_own_job():
 
 
 def test_a_variant_that_failed_its_self_check_is_marked_not_timed():
-    from bench import report
+    from bench import report, report_markdown
 
     data = fake_report()
     bad = dict(data["models"]["resnet50"]["runs"]["mpi4py"]["2"])
@@ -194,19 +194,19 @@ def test_a_variant_that_failed_its_self_check_is_marked_not_timed():
     assert "2" not in data["models"]["resnet50"]["ratios"]["mpi4py"]   # no ratio from it
     rows = report.summary_rows(data)
     assert rows[-1][-1] == "FAILED: raw MPI" and rows[-1][3] == "-"
-    md = report.markdown(data, [])
+    md = report_markdown.markdown(data, [])
     assert "**FAILED**: weights differ" in md
 
 
 def test_high_load_is_warned_about():
-    from bench import report
+    from bench import report, report_markdown
 
     data = fake_report()
     report.derive(data)
     assert report.load_warning(data) is None
     data["load"]["start"] = {"load_average": [4.2, 3.0, 2.0], "busy_fraction": 0.9}
     assert "before" in report.load_warning(data)
-    assert "WARNING" in report.markdown(data, []) and "WARNING" in report.summary(data)
+    assert "WARNING" in report_markdown.markdown(data, []) and "WARNING" in report.summary(data)
     data["load"]["start"]["load_average"] = [0.1] * 3
     data["load"]["start"]["busy_fraction"] = 0.05
     data["load"]["end"] = {"load_average": [3.0] * 3, "busy_fraction": 0.05}
@@ -229,7 +229,7 @@ def test_spread_formatting_keeps_only_the_digits_the_spread_allows():
 
 
 def test_the_model_is_checked_at_the_measured_points():
-    from bench import report
+    from bench import report, report_markdown
 
     data = fake_report()
     report.derive(data)
@@ -239,7 +239,7 @@ def test_the_model_is_checked_at_the_measured_points():
     # t_c = 80 ms; one exchange of 1e8 B on 2 ranks: 0.25 ms + 1e8 / 11e9 s + 6 buffers x 2 x 1 us
     t = 0.25e-3 + 1e8 / 11e9 + 6 * 2 * 1e-6
     assert checked["models"]["resnet50"]["2"] == pytest.approx(0.08 / (0.08 + t))
-    md = report.markdown(data, [])
+    md = report_markdown.markdown(data, [])
     assert "## The model against this run's measurements" in md and "is a model" in md
     assert f"| resnet50 | 2 | {0.08 / (0.08 + t):.2f} | 0.73 | 0.75 [0.72-0.80] |" in md
     link = report.check_points({"m": {"compute_ms": 10.0, "grad_bytes": 1e6}}, 0.1, 11.0,
@@ -249,13 +249,13 @@ def test_the_model_is_checked_at_the_measured_points():
 
 
 def test_without_the_allreduce_benchmark_the_projection_is_omitted_not_invented(tmp_path):
-    from bench import report
+    from bench import report, report_markdown
 
     data = fake_report()
     del data["allreduce"]
     report.derive(data)
     assert "omitted" in data["projection"]
-    paths = report.render(data, str(tmp_path))
+    paths = report_markdown.render(data, str(tmp_path))
     assert sorted(p.split("/")[-1] for p in paths) == ["report.md", "resnet50_scaling.png"]
     md = (tmp_path / "report.md").read_text()
     assert "Omitted: no measured software overhead" in md
@@ -263,25 +263,25 @@ def test_without_the_allreduce_benchmark_the_projection_is_omitted_not_invented(
 
 
 def test_memcpy_not_measured_is_said_and_does_not_cap():
-    from bench import report
+    from bench import report, report_markdown
 
     data = fake_report()
     data["allreduce"]["memcpy_gbps"] = 0.0       # what --no-allreduce-like partial runs left
     report.derive(data)
-    md = report.markdown(data, [])
+    md = report_markdown.markdown(data, [])
     assert "memcpy not measured in this run" in md and "capped by memcpy 0.0" not in md
     assert "No overlap row" in md and "measured overlap" not in md.split("No overlap row")[1]
 
 
 def test_measured_overlap_gets_its_row():
-    from bench import report
+    from bench import report, report_markdown
 
     data = fake_report()
     data["models"]["resnet50"]["overlap_fraction"] = 0.4
     report.derive(data)
     rows = data["projection"]["models"]["resnet50"]["rows"]
     assert set(rows) == {"fused", "measured_overlap"}
-    assert "| resnet50 | 6 | measured overlap |" in report.markdown(data, [])
+    assert "| resnet50 | 6 | measured overlap |" in report_markdown.markdown(data, [])
 
 
 def test_a_report_from_an_older_version_is_rederived_before_rendering(tmp_path):
@@ -299,7 +299,7 @@ def test_a_report_from_an_older_version_is_rederived_before_rendering(tmp_path):
 
 
 def test_idle_time_is_estimated_from_the_jobs_cpu_seconds():
-    from bench import report
+    from bench import report, report_markdown
 
     data = fake_report()
     assert report.idle_seconds(data) is None
@@ -308,4 +308,4 @@ def test_idle_time_is_estimated_from_the_jobs_cpu_seconds():
     data["allreduce_cpu_seconds"] = 40.0
     assert report.idle_seconds(data) == pytest.approx(100 + 150 + 20)
     report.derive(data)
-    assert "270 CPU s per rank" in report.markdown(data, [])
+    assert "270 CPU s per rank" in report_markdown.markdown(data, [])

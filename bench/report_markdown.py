@@ -1,0 +1,295 @@
+"""``report.md`` and the PNG plots of a benchmark report (after :func:`bench.report.derive`).
+
+:func:`render` writes both; :func:`markdown` is the text, one section per helper.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from bench import plots
+from bench.plots import PEER_NAMES
+from bench.report import (OWN_JOB_PEERS, SHORT_NAMES, cores_line, fmt, fmt_figure, fmt_spread,
+                          idle_text, load_text, load_warning, summary_rows)
+
+
+def render(report: dict, out: str) -> list[str]:
+    """Write ``report.md`` and the PNG plots into ``out``; return their paths."""
+    paths = [plots.plot_model(name, model, out) for name, model in report["models"].items()
+             if model.get("runs")]
+    paths.append(plots.plot_allreduce(report.get("allreduce") or {}, out))
+    paths.append(plots.plot_projection(report["projection"], out))
+    paths = [p for p in paths if p]
+    md = os.path.join(out, "report.md")
+    with open(md, "w") as f:
+        f.write(markdown(report, [os.path.basename(p) for p in paths]))
+    return [md] + paths
+
+
+PROTOCOL = (
+    "Protocol: weak scaling (fixed per-rank batch). In each job the variants are warmed up "
+    "until their step times settle (the median of the last 3 steps within 5% of the 3 before, "
+    "at most 40 steps), then take turns over repeated rounds (the order rotated every round), "
+    "a few steps each per round; a step's time is the slowest rank's, a round's figure the "
+    "median of its steps, and every figure below the median over rounds with the rounds' "
+    "[min-max], printed to the precision that spread allows. **hpcrep/no-sync** is hpcrep's "
+    "throughput over the unsynchronised step of the same job, round by round: other work on the "
+    "machine slows both alike, so it is the honest figure; peers timed in jobs of their own "
+    "(Horovod, MWMS) are compared through their own job's no-sync. Efficiency vs 1 rank = "
+    "throughput(n) / (n x throughput(1)) of the same variant at the same cores per rank, across "
+    "jobs run minutes apart: machine contention moves it (no-sync itself shows how much). Every "
+    "variant is self-checked (see 'Self-checks'); one that fails is marked and not timed.")
+
+
+def markdown(report: dict, images: list[str]) -> str:
+    """The Markdown text of a report."""
+    m, v = report["machine"], report["versions"]
+    rows = summary_rows(report)
+    warning = load_warning(report)
+    load_avg = m.get("load_average")
+    lines = [f"# hpcrep scaling benchmark ({report['created']})", "",
+             f"Machine: {m.get('host')}, {m.get('cores')} cores ({m.get('cpu')}), "
+             f"{m.get('memory_gib')} GiB. Load sampled while nothing of the benchmark ran: "
+             f"{load_text(report.get('load') or {'start': {'load_average': load_avg}})}"
+             " (the 1-minute average at the end still counts the benchmark's own ranks).",
+             *([f"**{warning}**"] if warning else []),
+             "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + ".",
+             cores_line(report),
+             f"Mode: {'quick' if report.get('quick') else 'full'}. {PROTOCOL} "
+             f"Took {report.get('seconds', 0):.0f} s{idle_text(report)}.", "",
+             "## Summary", "", "| " + " | ".join(rows[0]) + " |",
+             "|---|" + "---:|" * (len(rows[0]) - 2) + "---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]] + [""]
+    lines += _peers_md(report)
+    for name, model in report["models"].items():
+        lines += _model_md(name, model)
+    lines += _checks_md(report)
+    lines += _horovod_md(report)
+    lines += _allreduce_md(report.get("allreduce") or {})
+    lines += _projection_md(report["projection"])
+    lines += _checked_md(report)
+    if report.get("errors"):
+        lines += ["## Failed jobs", ""] + [f"```\n{e}\n```" for e in report["errors"]] + [""]
+    lines += ["## Plots", ""] + [f"![{img}]({img})" for img in images] + [""]
+    return "\n".join(lines)
+
+
+def _peers_md(report: dict) -> list[str]:
+    """What each variant ran, exactly."""
+    mwms = next((m.get("mwms") for m in report["models"].values() if m.get("mwms")), None)
+    hv_env = next((m.get("horovod") for m in report["models"].values() if m.get("horovod")),
+                  None)
+    lines = ["## What each variant ran", "",
+             "- **hpcrep**: the job's step with `hpcrep.tensorflow.DistributedGradientTape` "
+             "(ResNet-50, D4PG) or the Replicator's `wrap_optimizer` (SN-GAN): MPI (Open MPI, "
+             "shared memory between ranks on one node), gradients fused into buffers of "
+             f"{report.get('fusion_threshold', 16 << 20) / 2 ** 20:.0f} MiB.",
+             "- **no-sync**: the same step with the plain tape and optimizer: no exchange (the "
+             "upper bound).",
+             "- **raw MPI**: the same step with the gradients averaged by hand-written mpi4py "
+             "inside the compiled step (one `tf.numpy_function`): one flat float32 buffer "
+             "allocated once and reused, each tensor's slot 64-byte aligned, the gradients "
+             "copied in already scaled by 1/n, one in-place `MPI_Allreduce`, aligned views "
+             "handed back to the graph (`bench/sync.py`)."]
+    if hv_env:
+        lines.append(
+            "- **Horovod**: the same step, in an MPI job of its own under `.venv-peers` with its "
+            "own no-sync: `horovod.tensorflow.DistributedGradientTape` (ResNet-50, D4PG; Keras 3 "
+            "variables passed as their `tf.Variable`) or, for SN-GAN's optimizers, "
+            "`horovod.tensorflow.grouped_allreduce(op=Average)` in the optimizer's `apply`; "
+            + ", ".join(f"{k}={val}" for k, val in hv_env.items()) + " (fusion buffer as "
+            "large as hpcrep's, 1 ms cycle).")
+    if mwms:
+        lines.append(
+            "- **MWMS** (ResNet-50 only): `tf.distribute.MultiWorkerMirroredStrategy`, one worker "
+            "per rank, in a job of its own with its own no-sync (the same model outside the "
+            "strategy), `CommunicationOptions(bytes_per_pack="
+            f"{mwms.get('bytes_per_pack', 0) / 2 ** 20:.0f} MiB)`, collective implementation "
+            f"{mwms.get('implementation')}: TensorFlow's collective ops over "
+            f"{mwms.get('transport')}, against hpcrep's MPI over shared memory. It is a "
+            "comparison of stacks, not of allreduce algorithms.")
+    lines.append("- Batch norm: each replica's own statistics in every variant (SN-GAN's "
+                 "cross-replica batch norm is off in the benchmark, so the variants differ only "
+                 "in how they average gradients).")
+    return lines + [""]
+
+
+def _model_md(name: str, model: dict) -> list[str]:
+    lines = [f"## {name}", "", f"Throughput in {model.get('unit', '?')}; gradients: "
+             f"{model.get('grad_tensors', '?')} tensors, "
+             f"{(model.get('grad_bytes') or 0) / 1e6:.2f} MB per exchange, "
+             f"{model.get('syncs_per_step', 1)} exchange(s) per step. Figures: median "
+             "[min-max] over rounds.", "",
+             "| variant | job | ranks | threads per rank | throughput | step ms | throughput / "
+             "its job's no-sync | efficiency vs 1 rank | self-check |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for mode, runs in model.get("runs", {}).items():
+        job = "own" if mode in OWN_JOB_PEERS else "main"
+        for n, r in sorted(runs.items(), key=lambda kv: int(kv[0])):
+            lines.append(
+                f"| {PEER_NAMES.get(mode, mode)} | {job} | {n} | "
+                f"{fmt(r.get('threads_per_rank'), 'd')} | "
+                f"{_run_spread(r, 'throughput')} | {_run_spread(r, 'step_ms')} | "
+                f"{fmt_figure(r.get('vs_nosync'))} | {fmt(r.get('efficiency'), '.2f')} | "
+                f"{_check_text(r.get('check'))} |")
+    for peer, by_n in model.get("peer_jobs", {}).items():
+        for n, own in sorted(by_n.items(), key=lambda kv: int(kv[0])):
+            r = own.get("nosync") or {}
+            lines.append(
+                f"| no-sync of the {SHORT_NAMES.get(peer, peer)} job | own | {n} | "
+                f"{fmt(r.get('threads_per_rank'), 'd')} | "
+                f"{_run_spread(r, 'throughput')} | {_run_spread(r, 'step_ms')} | "
+                "1 | - | - |")
+    if model.get("ratios"):
+        lines += ["", "hpcrep throughput / peer throughput (median [min-max]):", ""]
+        for peer, ratios in model["ratios"].items():
+            via = " (each against its own job's no-sync)" if peer in OWN_JOB_PEERS else ""
+            lines.append(f"- {PEER_NAMES.get(peer, peer)}{via}: " + ", ".join(
+                f"{n} ranks {fmt_figure(val)}x" for n, val in ratios.items()))
+    return lines + [""]
+
+
+def _run_spread(run: dict, key: str) -> str:
+    """:func:`fmt_spread` of ``run[key]`` with ``run[key + "_min"]`` and ``_max``."""
+    return fmt_spread(run.get(key), run.get(f"{key}_min"), run.get(f"{key}_max"))
+
+
+def _check_text(check: Optional[dict]) -> str:
+    if not check:
+        return "-"
+    if not check.get("ok", True):
+        bad = [c.get("detail", k) for k, c in check.items() if isinstance(c, dict)
+               and not c.get("ok", True)]
+        return "**FAILED**: " + "; ".join(bad)
+    grad = check.get("gradient") or {}
+    if grad and "not averaged" in grad.get("detail", ""):
+        return "ok (not averaged, as expected)"
+    return "ok" if (grad or check.get("weights")) else check.get("note", "ok")
+
+
+def _checks_md(report: dict) -> list[str]:
+    lines = ["## Self-checks", "",
+             "After its timing each variant restarts from rank 0's weights and optimizer state, "
+             "runs one step, and the SHA-256 digests of every rank's trainable weights are "
+             "compared: equal for a variant that averages, different for no-sync (which shows "
+             "the check can fail). Before its timing each variant averages a probe gradient "
+             "(loss sum(v * c_rank) with a different random c_rank per rank, so the averaged "
+             "gradient is exactly the mean of the c_rank) through the same tape or optimizer "
+             "wrapper; it must match the float64 mean within (n + 2) 2^-24 sum|c| / n per "
+             "element (the float32 rounding of n - 1 additions and one scaling by 1/n) and "
+             "hpcrep's own within twice that. 'worst' is the largest error over that bound.", "",
+             "| model | ranks | variant | weights | gradient (worst / bound) |",
+             "|---|---:|---|---|---|"]
+    for name, model in report["models"].items():
+        for mode, by_n in model.get("runs", {}).items():
+            for n, r in sorted(by_n.items(), key=lambda kv: int(kv[0])):
+                check = r.get("check") or {}
+                w, g = check.get("weights") or {}, check.get("gradient") or {}
+                lines.append(
+                    f"| {name} | {n} | {PEER_NAMES.get(mode, mode)} | "
+                    f"{('ok: ' if w.get('ok') else 'FAILED: ') + w['detail'] if w else '-'} | "
+                    + (f"{'ok' if g.get('ok') else 'FAILED'}: {g.get('detail')} "
+                       f"({g.get('worst_over_tolerance', 0):.2g})" if g else "-") + " |")
+    return lines + [""]
+
+
+def _horovod_md(report: dict) -> list[str]:
+    hv = report["peers"].get("horovod", {})
+    lines = ["## Horovod", ""]
+    if hv.get("status") != "importable":
+        return lines + [f"Status: {hv.get('status')}"
+                        + (f" ({hv['error']})" if hv.get("error") else "")
+                        + f". To build it: {hv.get('how_to_build', 'make peers')}.", ""]
+    lines += [f"Horovod {hv.get('version')} ({hv.get('python')}), built from its sdist by "
+              "`make peers`, timed in an MPI job of its own per rank count (once "
+              "`horovod.init()` has run, its background thread slows every step in the process, "
+              "the unsynchronised one included), against that job's own no-sync. The ratio is "
+              "(hpcrep / its no-sync) over (Horovod / its no-sync).", "",
+              "| model | ranks | hpcrep / no-sync | Horovod / its no-sync | hpcrep/Horovod |",
+              "|---|---:|---:|---:|---:|"]
+    for name, model in report["models"].items():
+        theirs = model.get("runs", {}).get("horovod", {})
+        ours = model.get("runs", {}).get("hpcrep", {})
+        for n in sorted(theirs, key=int):
+            ratio = model.get("ratios", {}).get("horovod", {}).get(n)
+            lines.append(f"| {name} | {n} | {fmt_figure(ours.get(n, {}).get('vs_nosync'))} | "
+                         f"{fmt_figure(theirs[n].get('vs_nosync'))} | {fmt_figure(ratio)} |")
+    return lines + [""]
+
+
+def _allreduce_md(allreduce: dict) -> list[str]:
+    if not allreduce:
+        return []
+    if "error" in allreduce:
+        return ["## Allreduce benchmark", "", f"Failed: {allreduce['error']}", ""]
+    lines = ["## Allreduce benchmark", "", f"memcpy ceiling {allreduce['memcpy_gbps']:.1f} GB/s. "
+             "Full tables: [allreduce.md](allreduce.md).", ""]
+    for n, run in allreduce.get("runs", {}).items():
+        r50 = run.get("resnet50")
+        if r50:
+            lines.append(f"- {n} ranks, ResNet-50 gradient set ({r50['bytes'] / 1e6:.0f} MB): "
+                         f"hpcrep tf.function {r50['hpcrep_tf_ms']:.1f} ms, raw mpi4py in-place "
+                         f"{r50['raw_inplace_ms']:.1f} ms "
+                         f"({r50['hpcrep_tf_ms'] / r50['raw_inplace_ms']:.2f}x).")
+    return lines + [""]
+
+
+def _projection_md(proj: dict) -> list[str]:
+    lines = ["## Projection", ""]
+    if "omitted" in proj:
+        return lines + [f"Omitted: {proj['omitted']}.", ""]
+    net = proj["network"]
+    if proj["capped_by_memcpy"]:
+        bandwidth = (f"effective bandwidth {proj['effective_bandwidth_gbps']:.1f} GB/s (capped by "
+                     f"memcpy {proj['memcpy_gbps']:.1f} GB/s measured here)")
+    elif proj.get("memcpy_gbps"):
+        bandwidth = (f"memcpy measured here ({proj['memcpy_gbps']:.1f} GB/s) does not cap the "
+                     "network bandwidth")
+    else:
+        bandwidth = "memcpy not measured in this run, so the bandwidth is not capped by it"
+    overlap = any("measured_overlap" in m["rows"] for m in proj["models"].values())
+    lines += [f"What hpcrep does today, with parameters measured in this run. Network (stated, "
+              f"not measured): {net['name']}: {net['bandwidth_gbps']} GB/s, {net['latency_us']} "
+              f"us per message; {bandwidth}. Software overhead {proj['software_ms']:.3f} ms per "
+              "exchange (measured: 1 KB allreduce inside tf.function). Gradients travel in "
+              f"fusion buffers of at most {proj['fusion_threshold'] / 2 ** 20:.0f} MiB, one ring "
+              "allreduce each: t = t_sw + 2(p-1)/p * B/bw + buffers * 2(p-1) * latency; compute "
+              "per step = the 1-rank no-sync step measured here. "
+              + ("A 'measured overlap' row hides the share of communication that this run "
+                 "measured as hidden behind compute." if overlap else
+                 "No overlap row: this run measured no overlap of communication with compute."),
+              "", "| model | buffers | row | " + " | ".join(str(p) for p in proj["ranks"]) + " |",
+              "|---|---:|---|" + "---:|" * len(proj["ranks"])]
+    for name, m in proj["models"].items():
+        for key, row in m["rows"].items():
+            lines.append(f"| {name} | {m['buffers']} | {key.replace('_', ' ')} | "
+                         + " | ".join(f"{e:.2f}" for e in row) + " |")
+    return lines + [""]
+
+
+def _checked_md(report: dict) -> list[str]:
+    """The projection's model at the measured points, beside the measurements."""
+    checked = (report.get("projection") or {}).get("checked") or {}
+    lines = ["## The model against this run's measurements", ""]
+    if "omitted" in checked or not checked.get("models"):
+        return lines + [f"Omitted: {checked.get('omitted', 'nothing to check')}.", ""]
+    net = checked["network"]
+    lines += ["The projection is a model, not a measurement. Here it is evaluated, with the "
+              "same formula and parameters, at the rank counts this run measured, on the "
+              f"network they ran on ({net['name']}: {net['bandwidth_gbps']:.2f} GB/s, "
+              f"{net['latency_us']:g} us per message, stated), beside what was measured: "
+              "hpcrep's efficiency vs 1 rank and hpcrep/no-sync at the same rank count (the "
+              "model's efficiency is the 1-rank compute over compute plus exchange, so "
+              "hpcrep/no-sync is what it should match when the ranks have a core each; where "
+              "the two disagree, trust neither projection row beyond what the measurements "
+              "support).", "",
+              "| model | ranks | model | measured efficiency vs 1 rank | measured hpcrep/no-sync |",
+              "|---|---:|---:|---:|---:|"]
+    for name, points in checked["models"].items():
+        model = report["models"].get(name, {})
+        for n, value in points.items():
+            eff = model.get("runs", {}).get("hpcrep", {}).get(n, {}).get("efficiency")
+            lines.append(f"| {name} | {n} | {value:.2f} | {fmt(eff, '.2f')} | "
+                         f"{fmt_figure(model.get('ratios', {}).get('nosync', {}).get(n))} |")
+    return lines + [""]
