@@ -115,7 +115,7 @@ def time_rounds(steps: dict[str, Callable[[], object]], rounds: int, steps_per_r
     return out
 
 
-def load_snapshot(sample_s: float = 1.0) -> dict:
+def load_snapshot(sample_s: float = 3.0) -> dict:
     """The machine's load now: ``os.getloadavg()`` and the share of all cores busy (``/proc/stat``
     via :func:`machine_busy_seconds`) over the next ``sample_s`` seconds (None where /proc has no
     such files). Local."""
@@ -132,12 +132,16 @@ def load_snapshot(sample_s: float = 1.0) -> dict:
 
 def load_is_high(snapshot: dict, cores: int, use_load_average: bool = True) -> bool:
     """True if ``snapshot`` (:func:`load_snapshot`, taken while the benchmark was not running)
-    shows other work: more than 25% of the cores busy, or (``use_load_average``: False right
-    after the benchmark, whose own ranks the 1-minute average still counts) a 1-minute load
-    average above a quarter of ``cores``. Local."""
+    shows other work: more than 25% of the cores busy while it was sampled. Only where that share
+    is unknown (no /proc/stat), and ``use_load_average`` (False right after the benchmark, whose
+    own ranks the 1-minute average still counts), a 1-minute load average above a quarter of
+    ``cores``: that average lags by a minute, so it also counts work that ended just before the
+    run, which disturbs nothing. Local."""
+    busy = snapshot.get("busy_fraction")
+    if busy is not None:
+        return busy > 0.25
     load = (snapshot.get("load_average") or [0.0])[0] if use_load_average else 0.0
-    busy = snapshot.get("busy_fraction") or 0.0
-    return load > 0.25 * max(cores, 1) or busy > 0.25
+    return load > 0.25 * max(cores, 1)
 
 
 def _threads_per_rank() -> Optional[int]:

@@ -211,6 +211,11 @@ def test_high_load_is_warned_about():
     data["load"]["start"]["busy_fraction"] = 0.05
     data["load"]["end"] = {"load_average": [3.0] * 3, "busy_fraction": 0.05}
     assert report.load_warning(data) is None     # the end's average counts the run itself
+    # An average left by work that ended before the run, cores idle while sampled: no warning.
+    data["load"]["start"] = {"load_average": [1.13, 2.35, 4.06], "busy_fraction": 0.0}
+    assert report.load_warning(data) is None
+    data["load"]["start"]["busy_fraction"] = None  # no /proc/stat: the average decides
+    assert "before" in report.load_warning(data)
 
 
 def test_spread_formatting_keeps_only_the_digits_the_spread_allows():
