@@ -49,7 +49,6 @@ def collective(kind: str, names: Sequence[str] = ()) -> Iterator[None]:
         yield
 
 
-_collective = collective  # the name this module's collectives call (tests wrap it)
 
 
 def _names(arrays: Sequence[Any], name: Optional[str], prefix: str) -> list[str]:
@@ -209,7 +208,7 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
     check_scale_factors(op, prescale_factor, postscale_factor)
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "allreduce")
-    with _collective("allreduce", names):
+    with collective("allreduce", names):
         target = resolve(communicator)  # .comm; .local and .cross for hierarchical reductions
         comm = target.comm
         by_node = hierarchical(target)
@@ -276,7 +275,7 @@ def grouped_broadcast(arrays: Sequence[Any], root_rank: int = 0,
     """
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "broadcast")
-    with _collective("broadcast", names):
+    with collective("broadcast", names):
         target = resolve(communicator)
         comm, root = target.comm, target.root(root_rank)
         _agree(comm, "broadcast", (int(root_rank),), arrays, names)
@@ -326,7 +325,7 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None,
                 f"allgather of {nm!r} needs an array with at least one dimension, got a scalar; "
                 "reshape it to [1] first.")
     names = _names(arrays, name, "allgather")
-    with _collective("allgather", names):
+    with collective("allgather", names):
         comm = resolve(communicator).comm
         _agree(comm, "allgather", (), arrays, names, free_first_dim=True)  # also serves join()
         signature = ("allgather", (), check.entries(arrays, names, free_first_dim=True))
@@ -380,7 +379,7 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
     """
     a = np.ascontiguousarray(np.asarray(array))
     nm = name or "alltoall.0"
-    with _collective("alltoall", [nm]):
+    with collective("alltoall", [nm]):
         comm = resolve(communicator).comm
         n = comm.Get_size()
         send_rows, problem = _alltoall_rows(a, splits, n, nm)
@@ -434,7 +433,7 @@ def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float
     check_scale_factors(op, prescale_factor, postscale_factor)
     a = np.asarray(array)
     nm = name or "reducescatter.0"
-    with _collective("reducescatter", [nm]):
+    with collective("reducescatter", [nm]):
         comm = resolve(communicator).comm
         n, me = comm.Get_size(), comm.Get_rank()
         _agree(comm, "reducescatter", (op.name, prescale_factor, postscale_factor), [a], [nm])
@@ -466,7 +465,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, communicator: Any = None) -> 
 
     Collective: every rank must call this, in the same order.
     """
-    with _collective("broadcast_object"):
+    with collective("broadcast_object"):
         target = resolve(communicator)
         return target.comm.bcast(obj, root=target.root(root_rank))
 
@@ -476,7 +475,7 @@ def allgather_object(obj: Any, communicator: Any = None) -> list:
 
     Collective: every rank must call this, in the same order.
     """
-    with _collective("allgather_object"):
+    with collective("allgather_object"):
         return resolve(communicator).comm.allgather(obj)
 
 
@@ -485,5 +484,5 @@ def barrier(communicator: Any = None) -> None:
 
     Collective: every rank must call this.
     """
-    with _collective("barrier"):
+    with collective("barrier"):
         resolve(communicator).comm.Barrier()
