@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from hpcrep import comm, config
-from hpcrep.tensorflow import native
+from hpcrep.tensorflow import loss_scale, native
 from hpcrep.tensorflow.devices import pin_gpu
 from hpcrep.tensorflow.tf_log import quiet_layout_optimizer
 
@@ -72,7 +72,9 @@ def configure_threads() -> bool:
 def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> None:
     """Initialise MPI (see :func:`hpcrep.comm.init`), size TensorFlow's thread pools, give this
     rank one GPU, ``local_rank % visible GPUs`` (:mod:`hpcrep.tensorflow.devices`;
-    ``HPCREP_PIN_GPU=0`` turns that off), quiet Grappler's layout optimizer where it can do
+    ``HPCREP_PIN_GPU=0`` turns that off), make Keras's ``LossScaleOptimizer`` average gradients
+    before its finiteness check where it wraps a distributed optimizer
+    (:mod:`hpcrep.tensorflow.loss_scale`), quiet Grappler's layout optimizer where it can do
     nothing (:mod:`hpcrep.tensorflow.tf_log`; ``HPCREP_TF_LOG``), start the compiled allreduce
     path's communication thread when it is active (:mod:`hpcrep.tensorflow.native`), and
     register ``process_sets``.
@@ -87,6 +89,7 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
     before TensorFlow creates its first tensor.
     """
     comm.init(comm_)
+    loss_scale.install()
     configure_threads()
     pin_gpu()
     quiet_layout_optimizer()
@@ -102,7 +105,11 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
 
 
 def shutdown() -> None:
-    """Release hpcrep's communicators. Collective: every rank must call this."""
+    """Release hpcrep's communicators and restore Keras's ``LossScaleOptimizer.apply``.
+
+    Collective: every rank must call this.
+    """
+    loss_scale.uninstall()
     comm.shutdown()
 
 

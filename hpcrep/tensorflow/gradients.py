@@ -15,8 +15,10 @@ divides them by ``size``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Optional, Sequence
+import threading
+from typing import Any, Iterator, Optional, Sequence
 
 import tensorflow as tf
 
@@ -26,6 +28,31 @@ from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow import collectives
 from hpcrep.tensorflow.compression import Compression, Compressor
 from hpcrep.tensorflow.variables import variable_key
+
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def reduced_scope() -> Iterator[None]:
+    """Mark the gradients applied inside this block as reduced across ranks already.
+
+    An optimizer that wraps another (Keras's ``LossScaleOptimizer``, a ``DistributedOptimizer``
+    around one) reduces once, in the outermost ``apply``, and calls the inner ``apply`` inside this
+    block; the inner one (a ``DistributedOptimizer``, transparent mode's patch) then applies the
+    gradients as they are instead of reducing them again. Per thread, so it holds while a
+    ``tf.function`` traces the inner ``apply``. Local.
+    """
+    depth = getattr(_scope, "depth", 0)
+    _scope.depth = depth + 1
+    try:
+        yield
+    finally:
+        _scope.depth = depth
+
+
+def in_reduced_scope() -> bool:
+    """Return True inside :func:`reduced_scope` on this thread. Local."""
+    return getattr(_scope, "depth", 0) > 0
 
 
 @dataclasses.dataclass

@@ -5,6 +5,11 @@ module, so ``get_config``/serialisation are the original's and a saved model loa
 hpcrep. It overrides :meth:`apply`, Keras 3's single funnel where gradients meet variables
 (``apply_gradients``, ``model.fit`` and custom loops all go through it).
 
+Wrapping a Keras ``LossScaleOptimizer`` works in either order: ``DistributedOptimizer(LSO(opt))``
+reduces before the loss-scale check, and ``LSO(DistributedOptimizer(opt))`` (what ``compile``
+makes under ``mixed_float16``) does too, through :mod:`hpcrep.tensorflow.loss_scale`, so every
+rank skips or applies the same steps.
+
 With ``backward_passes_per_step=k`` gradients are summed locally for k calls and exchanged once on
 the k-th, which then applies them (the optimizer's iteration counter advances once per k calls).
 """
@@ -20,7 +25,7 @@ import tensorflow as tf
 from hpcrep.comm.ops import ReduceOp
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.compression import Compression, Compressor
-from hpcrep.tensorflow.gradients import GradientReducer
+from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope, reduced_scope
 from hpcrep.tensorflow.variables import local_layer_variables, variable_key
 
 
@@ -46,9 +51,12 @@ class _DistributedMixin:
         """
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
+        if in_reduced_scope():  # an outer LossScaleOptimizer reduced them before its check
+            return super().apply(grads, variables)
         if self._hpcrep_passes == 1:  # Keras's apply builds the optimizer on its first call
             reduced = self._hpcrep_reducer.reduce(grads, self._hpcrep_sources(variables))
-            return super().apply(reduced, variables)
+            with reduced_scope():  # a LossScaleOptimizer base class must not reduce again
+                return super().apply(reduced, variables)
         if not self.built:
             if variables is None:
                 raise CollectiveArgumentError(
@@ -79,7 +87,8 @@ class _DistributedMixin:
             scale = 1.0 / passes if self._hpcrep_average_passes else 1.0
             summed = [None if g is None else acc * scale for acc, g in zip(accumulators, grads)]
             reduced = self._hpcrep_reducer.reduce(summed, sources)
-            super(_DistributedMixin, self).apply(reduced, variables)
+            with reduced_scope():
+                super(_DistributedMixin, self).apply(reduced, variables)
             for acc in accumulators:
                 acc.assign(tf.zeros_like(acc))
             return tf.constant(True)

@@ -1,6 +1,7 @@
 """Transparent mode's optimizers in ``fit``: ``HPCREP_TRANSPARENT_SCALE_LR`` multiplies the rate
-the updates use by the number of ranks, and a ``LossScaleOptimizer`` averages in its inner
-optimizer (docs/design-notes.md, transparent mode's limits).
+the updates use by the number of ranks, and a ``LossScaleOptimizer`` averages with transparent
+mode's reducer before its finiteness check (tests/mpi/test_mixed_precision.py has the overflow
+cases).
 
 The model is one bias-free linear unit trained on the mean of its output: the gradient of each
 kernel entry is the mean of that input column, so every update is exactly ``-rate x gradient``
@@ -57,7 +58,7 @@ def test_transparent_scale_lr_multiplies_the_rate_fit_trains_at(world, monkeypat
     np.testing.assert_allclose(kernels, [-rate * (s + 1) for s in range(STEPS)], rtol=1e-5)
 
 
-def test_loss_scale_optimizer_averages_in_its_inner_optimizer(world):
+def test_loss_scale_optimizer_applies_the_average(world):
     r, n = world
     x, y = rank_rows(n)
     with transparent(announce=False):
@@ -65,8 +66,8 @@ def test_loss_scale_optimizer_averages_in_its_inner_optimizer(world):
         opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
         model.compile(opt, loss=mean_output)
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-        # Transparent mode keeps the optimizers' classes (one wrapper around Keras's apply,
-        # which LossScaleOptimizer reaches only through its inner optimizer).
+        # Transparent mode keeps the optimizers' classes (it wraps Keras's apply; the
+        # LossScaleOptimizer's apply averages first, then its inner one applies as it is).
         assert type(opt.inner_optimizer) is keras.optimizers.SGD
         assert not is_distributed(opt) and not is_distributed(opt.inner_optimizer)
     assert float(np.asarray(opt.scale_loss(1.0))) > 1  # its loss scale was in use

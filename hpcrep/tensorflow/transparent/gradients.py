@@ -10,8 +10,10 @@ the average.
 
 A :func:`~hpcrep.tensorflow.DistributedOptimizer` has already averaged in its own ``apply`` when
 its ``super().apply`` reaches the patch, which then calls the original straight away. Optimizers
-that override ``apply`` and delegate to an inner optimizer (``LossScaleOptimizer``) average in the
-inner one.
+that override ``apply`` and delegate to an inner optimizer average in the inner one, except
+Keras's ``LossScaleOptimizer``, which averages with the same reducer before its finiteness check
+(:mod:`hpcrep.tensorflow.loss_scale`): a rank whose local gradients overflow would otherwise skip
+the step, and the exchange, while the others wait in it.
 
 With ``HPCREP_TRANSPARENT_SCALE_LR`` the rate is multiplied by the number of ranks the first time
 an optimizer applies gradients (:mod:`hpcrep.tensorflow._keras.lr_scale`, which also keeps the
@@ -26,7 +28,8 @@ from typing import Any
 import keras
 
 from hpcrep import comm, config
-from hpcrep.tensorflow.gradients import GradientReducer
+from hpcrep.tensorflow import loss_scale
+from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope
 from hpcrep.tensorflow._keras.lr_scale import scale_learning_rate
 from hpcrep.tensorflow.optimizer import is_distributed
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
@@ -45,7 +48,8 @@ def install(patches: PatchSet) -> None:
 
         Collective: every rank must call this, in the same order, with matching gradients.
         """
-        if is_distributed(self):  # DistributedOptimizer's apply averaged them already
+        if is_distributed(self) or in_reduced_scope():  # averaged already: by a
+            # DistributedOptimizer's apply, or by a LossScaleOptimizer around this one
             return original(self, grads, trainable_variables)
         if self not in seen:
             seen.add(self)
@@ -54,6 +58,9 @@ def install(patches: PatchSet) -> None:
         return original(self, reducer.reduce(list(grads)), trainable_variables)
 
     patches.attr(owner, "apply", apply)
-    patches.label("optimizer apply (gradients averaged)")
+    # A LossScaleOptimizer averages with the same reducer, before its finiteness check, so
+    # every rank skips or applies the same steps (hvd.init() installed its wrapper).
+    patches.attr(loss_scale, "transparent_reducer", reducer)
+    patches.label("optimizer apply (gradients averaged; LossScaleOptimizer: before its check)")
     patches.label(f"learning rate x{comm.size() if scale else 1}"
                   f"{'' if scale else ' (HPCREP_TRANSPARENT_SCALE_LR=1 for xN)'}")
