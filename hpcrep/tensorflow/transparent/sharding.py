@@ -177,10 +177,9 @@ def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
         return ds
     if count == 0:
         raise TransparentModeError(
-            f"the dataset has {cardinality if cardinality >= 0 else f'fewer than {size}'} "
-            f"elements (batches, if batched) for {size} ranks; each rank needs at least one. "
-            f"Use a smaller batch size, more data or at most "
-            f"{cardinality if cardinality > 0 else 'as many'} ranks.")
+            f"the dataset has {cardinality if cardinality >= 0 else 'too few'} elements for "
+            f"{size} ranks; each rank needs at least one batch. Use a smaller batch size or "
+            "fewer ranks.")
     return shard.take(count)
 
 
