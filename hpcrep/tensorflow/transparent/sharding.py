@@ -9,8 +9,13 @@ groups of ``size`` (an incomplete last group is dropped). Every rank still runs 
 full, so it must produce the same sequence on every rank. The batch size stays per rank (weak
 scaling).
 
-Prediction inputs are cut the same way without dropping anything; :func:`gather_predictions`
-reassembles the full result, in the original order, on every rank.
+An input with fewer elements than ranks (but at least one) cannot be cut so: it raises
+:class:`~hpcrep.errors.TransparentModeError` on every rank, or (``whole_if_short``, for
+``evaluate``) is used whole on every rank.
+
+Prediction inputs are cut the same way without dropping anything (:mod:`.predict_share`, which
+also covers ranks left with nothing); :func:`gather_predictions` reassembles the full result, in
+the original order, on every rank.
 
 A ``tf.data`` dataset that is already this rank's shard is never cut: one whose
 ``options().experimental_distribute.auto_shard_policy`` is

@@ -4,8 +4,11 @@
 (:mod:`.sharding`); progress bar only on rank 0; the callback list becomes
 :func:`distributed_callbacks`: rank 0's weights and optimizer state broadcast at the start, epoch
 logs averaged across ranks before any user callback reads them, file-writing callbacks kept on
-rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks. ``predict`` shards and
-returns the full predictions, in input order, on every rank. A ``tf.data`` dataset marked as this
+rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks; an input
+with fewer rows (or batches) than ranks is evaluated whole on every rank. ``predict`` shards
+and returns the full predictions, in input order, on every rank, also when some rank's share is
+empty (:mod:`.predict_share`). ``fit`` refuses training input with fewer rows than ranks
+(:class:`~hpcrep.errors.TransparentModeError` on every rank). A ``tf.data`` dataset marked as this
 rank's shard already (``auto_shard_policy`` OFF, as ``hpcrep.tensorflow.hdf5_dataset`` returns) is
 used whole: ``fit`` and ``evaluate`` check that every rank has as many batches, ``predict`` returns
 this rank's predictions only (:mod:`.sharding`). With ``HPCREP_CHECKPOINT_DIR``
