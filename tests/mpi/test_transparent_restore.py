@@ -12,7 +12,7 @@ from tensorflow.python.eager import context as tf_context
 
 import hpcrep.tensorflow as hvd
 from hpcrep.tensorflow import transparent
-from hpcrep.tensorflow.transparent import PatchSet, installers, is_active
+from hpcrep.tensorflow.transparent import PatchSet, installers, is_active, on_rank_zero
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -182,3 +182,11 @@ def test_each_apply_reduces_once_and_runs_the_optimizer_once(world, compiled):
     assert int(opt.iterations.numpy()) == 3
     assert opt.override_calls == (1 if compiled else 3)  # a tf.function traces once
     assert type(opt) is ShiftedSGD  # nothing left behind on exit
+
+
+@pytest.mark.timeout(60)
+def test_on_rank_zero_is_true_on_rank_0_only():
+    with transparent(announce=False):
+        inside = on_rank_zero()
+    assert inside == (hvd.rank() == 0) == on_rank_zero()
+    assert sum(hvd.allgather_object(inside)) == 1

@@ -11,7 +11,7 @@ import tensorflow as tf
 from hpcrep.errors import TransparentModeError
 from hpcrep.launch import run_command
 from hpcrep.tensorflow.presharded import is_presharded, mark_presharded
-from hpcrep.tensorflow.transparent import iteration, sharding
+from hpcrep.tensorflow.transparent import iteration, predict_share, sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet
 
 
@@ -185,3 +185,43 @@ def test_run_command_uses_mpirun_outside_slurm_and_srun_inside(monkeypatch):
     with pytest.raises(ValueError, match="number of ranks"):
         run_command.build_command(None, "train.py", [], environ={})
 
+
+
+def test_inputs_with_fewer_elements_than_ranks_raise_or_come_back_whole():
+    x, y = np.arange(6).reshape(3, 2), np.arange(3)
+    for r in range(4):  # evaluate: the whole input on every rank
+        got, (got_y,), _ = sharding.shard_input(x, [y], r, 4, equal=True, whole_if_short=True)
+        assert got is x and got_y is y
+    with pytest.raises(TransparentModeError, match="3 rows cannot be shared by 4 ranks"):
+        sharding.shard_input(x, [y], 0, 4, equal=True)  # fit
+    ds = tf.data.Dataset.range(3)
+    assert sharding.shard_dataset(ds, 3, 4, equal=True, whole_if_short=True) is ds
+    unknown = ds.filter(lambda v: True)
+    assert sharding.shard_dataset(unknown, 3, 4, equal=True, agree=lambda c: 0,
+                                  whole_if_short=True) is unknown
+    empty = ds.filter(lambda v: False)  # nothing to fall back to: still an error
+    with pytest.raises(TransparentModeError, match="for 4 ranks"):
+        sharding.shard_dataset(empty, 0, 4, equal=True, agree=lambda c: 0, whole_if_short=True)
+    assert [list(sharding.shard_generator(iter(range(3)), r, 4, equal=True, whole_if_short=True))
+            for r in range(4)] == [[0, 1, 2]] * 4
+    with pytest.raises(TransparentModeError, match="yielded 3 item"):
+        list(sharding.shard_generator(iter(range(3)), 3, 4, equal=True))
+
+
+def test_a_rank_with_an_empty_predict_share_predicts_a_stand_in():
+    x = np.arange(6).reshape(3, 2)
+    shares = [predict_share.shard_for_predict(x, r, 4) for r in range(4)]
+    assert [s.stand_in for s in shares] == [False, False, False, True]
+    assert [s.x.tolist() for s in shares] == [[[0, 1]], [[2, 3]], [[4, 5]], [[0, 1]]]
+    none = predict_share.shard_for_predict(x[:0], 3, 4)  # nothing at all: Keras's own error
+    assert not none.stand_in and none.x.shape == (0, 2)
+    for ds in (tf.data.Dataset.range(3), tf.data.Dataset.range(3).filter(lambda v: True)):
+        shares = [predict_share.shard_for_predict(ds, r, 4) for r in range(4)]
+        assert [s.stand_in for s in shares] == [False, False, False, True]
+        assert [list(s.x.as_numpy_iterator()) for s in shares] == [[0], [1], [2], [0]]
+    shares = [predict_share.shard_for_predict(iter(range(3)), r, 4) for r in range(4)]
+    assert [list(s.x) for s in shares] == [[0], [1], [2], [0]]  # consumed: stand_in is known
+    assert [s.stand_in for s in shares] == [False, False, False, True]
+    assert list(predict_share.shard_for_predict(iter(range(9)), 1, 4).x) == [1, 5]
+    dropped = predict_share.drop({"a": np.ones((1, 2), np.float16)})
+    assert dropped["a"].shape == (0, 2) and dropped["a"].dtype == np.float16

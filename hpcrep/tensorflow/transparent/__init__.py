@@ -16,6 +16,15 @@
 - printing, ``model.save`` and ``save_weights`` (atomic) happen on rank 0, and ``load_weights``
   reads on rank 0 for every rank (:mod:`.rank_zero`).
 
+Not patched: files a script writes itself (``np.save``, ``PIL.Image.save``, ``savefig``,
+``open(path, "w")``) and the directories it makes. Every rank runs the script, so every rank
+writes them, to the same path at once; ``if on_rank_zero(): ...`` keeps a write on rank 0, and
+``os.makedirs(d, exist_ok=True)`` makes a directory without the race of
+``if not os.path.exists(d): os.makedirs(d)``. (Patching them would change ``os.makedirs`` for
+every library in the process, and a rank-0-only ``np.save`` would either leave other ranks
+reading a file not written yet or need a collective that hangs a script that already guards its
+writes with ``if rank == 0``.)
+
 Each of these modules has an ``install(patches)`` that patches its own attributes, and only
 those. The patches talk to each other only through the per-thread state of :mod:`.state` (inside
 ``fit``? creating variables locally?); :mod:`.patching` records every patch so that
@@ -107,4 +116,14 @@ def is_active() -> bool:
     return _active is not None
 
 
-__all__ = ["transparent", "is_active", "installers", "summary", "PatchSet"]
+def on_rank_zero() -> bool:
+    """Return True where a script's own file writes belong: on rank 0, or in a plain
+    one-process run (hpcrep not initialised, e.g. ``python script.py``).
+
+    Transparent mode keeps Keras's saves and printing on rank 0, not the files a script writes
+    itself; guard those with one line: ``if on_rank_zero(): image.save(path)``. Local.
+    """
+    return not comm.is_initialized() or comm.rank() == 0
+
+
+__all__ = ["transparent", "is_active", "on_rank_zero", "installers", "summary", "PatchSet"]

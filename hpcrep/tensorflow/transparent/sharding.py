@@ -9,8 +9,13 @@ groups of ``size`` (an incomplete last group is dropped). Every rank still runs 
 full, so it must produce the same sequence on every rank. The batch size stays per rank (weak
 scaling).
 
-Prediction inputs are cut the same way without dropping anything; :func:`gather_predictions`
-reassembles the full result, in the original order, on every rank.
+An input with fewer elements than ranks (but at least one) cannot be cut so: it raises
+:class:`~hpcrep.errors.TransparentModeError` on every rank, or (``whole_if_short``, for
+``evaluate``) is used whole on every rank.
+
+Prediction inputs are cut the same way without dropping anything (:mod:`.predict_share`, which
+also covers ranks left with nothing); :func:`gather_predictions` reassembles the full result, in
+the original order, on every rank.
 
 A ``tf.data`` dataset that is already this rank's shard is never cut: one whose
 ``options().experimental_distribute.auto_shard_policy`` is
@@ -60,7 +65,8 @@ def kind_of(x: Any) -> Kind:
     return "arrays"
 
 
-def _rows(structure: Any) -> int:
+def count_rows(structure: Any) -> int:
+    """Return the number of rows of every array in ``structure`` (one count). Local."""
     lengths = {int(np.shape(leaf)[0]) for leaf in tf.nest.flatten(structure)}
     if len(lengths) != 1:
         raise TransparentModeError(
@@ -78,7 +84,7 @@ def shard_arrays(structures: Sequence[Any], rank: int, size: int, equal: bool) -
     present = [s for s in structures if s is not None]
     if not present:
         return list(structures)
-    n = {_rows(s) for s in present}
+    n = {count_rows(s) for s in present}
     if len(n) != 1:
         raise TransparentModeError(
             f"x, y and sample_weight have different numbers of rows {sorted(n)}; expected equal "
@@ -147,12 +153,19 @@ def check_presharded(ds: tf.data.Dataset, equal: bool,
 
 
 def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
-                  agree: Callable[[int], int] = count_min) -> tf.data.Dataset:
+                  agree: Callable[[int], int] = count_min,
+                  whole_if_short: bool = False) -> tf.data.Dataset:
     """Return every ``size``-th element of ``ds`` from ``rank``, the same count on every rank.
 
     A dataset of unknown length is counted once (one pass over this rank's shard) and the ranks
     agree on the smallest count (``agree``, collective). Infinite datasets are left infinite
-    (``steps_per_epoch`` then sets the steps, equal on every rank).
+    (``steps_per_epoch`` then sets the steps, equal on every rank). A dataset with fewer
+    elements than ranks (but at least one) raises, or with ``whole_if_short`` comes back whole,
+    on every rank alike.
+
+    Raises:
+        TransparentModeError: on every rank, when ``equal`` and the dataset has fewer elements
+            than ranks (at least one, with ``whole_if_short``).
     """
     shard = ds.shard(size, rank)
     if not equal:
@@ -164,6 +177,9 @@ def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
         count = agree(int(shard.reduce(np.int64(0), lambda c, _: c + 1)))
     else:
         count = cardinality // size
+    if count == 0 and whole_if_short and (cardinality > 0 or (
+            cardinality == tf.data.UNKNOWN_CARDINALITY and not is_empty(ds))):
+        return ds
     if count == 0:
         raise TransparentModeError(
             f"the dataset has {cardinality if cardinality >= 0 else 'too few'} elements for "
@@ -172,11 +188,36 @@ def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
     return shard.take(count)
 
 
-def shard_generator(gen: Any, rank: int, size: int, equal: bool) -> Iterator:
-    """Yield item ``rank`` of each group of ``size`` items of ``gen`` (round-robin)."""
+def is_empty(ds: tf.data.Dataset) -> bool:
+    """Return True if ``ds`` has no element (reads at most one). Local."""
+    cardinality = int(ds.cardinality())
+    if cardinality != tf.data.UNKNOWN_CARDINALITY:
+        return cardinality == 0
+    return int(ds.take(1).reduce(np.int64(0), lambda c, _: c + 1)) == 0
+
+
+def shard_generator(gen: Any, rank: int, size: int, equal: bool,
+                    whole_if_short: bool = False) -> Iterator:
+    """Yield item ``rank`` of each group of ``size`` items of ``gen`` (round-robin).
+
+    With ``equal``, a generator of fewer items than ranks (at least one) raises on every rank
+    when the first item is asked for, or with ``whole_if_short`` yields them all on every rank.
+
+    Raises:
+        TransparentModeError: as said, on every rank alike (every rank runs the same generator).
+    """
     iterator = iter(gen)
+    first = True
     while True:
         group = list(itertools.islice(iterator, size))
+        if first and equal and 0 < len(group) < size:
+            if whole_if_short:
+                yield from group
+                return
+            raise TransparentModeError(
+                f"the generator yielded {len(group)} item(s) for {size} ranks; each rank needs at "
+                f"least one. Use smaller batches, more data or at most {len(group)} ranks.")
+        first = False
         if not group or (equal and len(group) < size):
             return
         if rank < len(group):
@@ -212,31 +253,39 @@ class ShardedPyDataset(keras.utils.PyDataset):
         self.base.on_epoch_end()
 
 
-def shard_input(x: Any, others: Sequence[Any], rank: int, size: int, equal: bool
-                ) -> tuple[Any, list[Any], Kind]:
+def shard_input(x: Any, others: Sequence[Any], rank: int, size: int, equal: bool,
+                whole_if_short: bool = False) -> tuple[Any, list[Any], Kind]:
     """Shard ``x`` (and, for arrays, ``others`` such as ``y`` and ``sample_weight``).
 
-    Returns ``(x, others, kind)``; a ``presharded`` dataset comes back unchanged. Collective for
-    datasets of unknown length and, with ``equal``, for ``presharded`` datasets.
+    Returns ``(x, others, kind)``; a ``presharded`` dataset comes back unchanged. With ``equal``,
+    an input of fewer rows (or batches, items) than ranks, but at least one, raises
+    :class:`~hpcrep.errors.TransparentModeError` on every rank, or with ``whole_if_short``
+    comes back whole on every rank (``evaluate``: each rank then computes the one-rank result).
+    Collective for datasets of unknown length and, with ``equal``, for ``presharded`` datasets.
     """
     kind = kind_of(x)
     if size == 1 or kind == "none":
         return x, list(others), kind
     if kind == "arrays":
+        if equal and whole_if_short and 0 < count_rows(x) < size:
+            return x, list(others), kind
         out = shard_arrays([x, *others], rank, size, equal)
         return out[0], out[1:], kind
     if kind == "dataset":
-        return shard_dataset(x, rank, size, equal), list(others), kind
+        return (shard_dataset(x, rank, size, equal, whole_if_short=whole_if_short), list(others),
+                kind)
     if kind == "presharded":
         return check_presharded(x, equal), list(others), kind
     if kind == "pydataset":
         sharded = ShardedPyDataset(x, rank, size, equal)
         if equal and not sharded.num_batches and x.num_batches is not None:
+            if whole_if_short and x.num_batches > 0:
+                return x, list(others), kind
             raise TransparentModeError(
                 f"the PyDataset has {x.num_batches} batches for {size} ranks; each rank needs at "
                 "least one. Use smaller batches or fewer ranks.")
         return sharded, list(others), kind
-    return shard_generator(x, rank, size, equal), list(others), kind
+    return shard_generator(x, rank, size, equal, whole_if_short), list(others), kind
 
 
 def interleave(parts: Sequence[np.ndarray], pieces: Sequence[Sequence[int]]) -> np.ndarray:

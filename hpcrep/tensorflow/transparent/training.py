@@ -4,8 +4,11 @@
 (:mod:`.sharding`); progress bar only on rank 0; the callback list becomes
 :func:`distributed_callbacks`: rank 0's weights and optimizer state broadcast at the start, epoch
 logs averaged across ranks before any user callback reads them, file-writing callbacks kept on
-rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks. ``predict`` shards and
-returns the full predictions, in input order, on every rank. A ``tf.data`` dataset marked as this
+rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks; an input
+with fewer rows (or batches) than ranks is evaluated whole on every rank. ``predict`` shards
+and returns the full predictions, in input order, on every rank, also when some rank's share is
+empty (:mod:`.predict_share`). ``fit`` refuses training input with fewer rows than ranks
+(:class:`~hpcrep.errors.TransparentModeError` on every rank). A ``tf.data`` dataset marked as this
 rank's shard already (``auto_shard_policy`` OFF, as ``hpcrep.tensorflow.hdf5_dataset`` returns) is
 used whole: ``fit`` and ``evaluate`` check that every rank has as many batches, ``predict`` returns
 this rank's predictions only (:mod:`.sharding`). With ``HPCREP_CHECKPOINT_DIR``
@@ -31,6 +34,7 @@ from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback
 from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.transparent import sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
+from hpcrep.tensorflow.transparent.predict_share import drop, shard_for_predict
 from hpcrep.tensorflow.transparent.state import in_keras_loop, keras_loop
 
 # Callbacks that write files or summaries: they run on rank 0 only. (Keras's BackupAndRestore is
@@ -77,9 +81,10 @@ def _shard_validation(data: Any, rank: int, size: int) -> Any:
         return None
     if isinstance(data, (tuple, list)) and sharding.kind_of(data[0]) == "arrays":
         parts = list(data)
-        x, rest, _ = sharding.shard_input(parts[0], parts[1:], rank, size, equal=True)
+        x, rest, _ = sharding.shard_input(parts[0], parts[1:], rank, size, equal=True,
+                                          whole_if_short=True)
         return (x, *rest)
-    return sharding.shard_input(data, [], rank, size, equal=True)[0]
+    return sharding.shard_input(data, [], rank, size, equal=True, whole_if_short=True)[0]
 
 
 def _average_result(result: Any) -> Any:
@@ -138,7 +143,7 @@ def install(patches: PatchSet) -> None:
         bound = bind(original_evaluate, self, args, kwargs)
         a = bound.arguments
         a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
-            a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True)
+            a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True, whole_if_short=True)
         if comm.rank() != 0 and isinstance(a["callbacks"], (list, tuple)):
             a["callbacks"] = [cb for cb in a["callbacks"]
                               if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
@@ -153,7 +158,8 @@ def install(patches: PatchSet) -> None:
             return original_predict(self, *args, **kwargs)
         bound = bind(original_predict, self, args, kwargs)
         a = bound.arguments
-        a["x"], _, kind = sharding.shard_input(a["x"], [], rank, size, equal=False)
+        share = shard_for_predict(a["x"], rank, size)
+        a["x"] = share.x
         sizes = _BatchSizes()
         user = a["callbacks"]
         user = list(user) if isinstance(user, (list, tuple)) else ([] if user is None else [user])
@@ -161,9 +167,12 @@ def install(patches: PatchSet) -> None:
         _quiet_off_root(a)
         with keras_loop():
             outputs = original_predict(*bound.args, **bound.kwargs)
-        if kind == "presharded":  # this rank's own data: its predictions are its own
+        if share.kind == "presharded":  # this rank's own data: its predictions are its own
             return outputs
-        return sharding.gather_predictions(outputs, None if kind == "arrays" else sizes.sizes)
+        if share.stand_in:  # this rank's share was empty: it contributes no rows
+            outputs, sizes.sizes = drop(outputs), []
+        return sharding.gather_predictions(outputs,
+                                           None if share.kind == "arrays" else sizes.sizes)
 
     patches.attr(fit_owner, "fit", fit)
     patches.attr(defining_class(keras.Model, "evaluate"), "evaluate", evaluate)
