@@ -1,7 +1,8 @@
 """``hpcrep bench MODEL --ranks 1,2,4``: weak-scaling benchmark with peers side by side.
 
-For each model and rank count one MPI job (``python -m jobs.<package> --bench-json``, run from
-the repository's top directory) times the job's own training step with hpcrep's public API, with
+For each model and rank count an MPI job (``python -m jobs.<package> --bench-json``, run from
+the repository's top directory), run ``--repeats`` times and its rounds pooled
+(``bench/pooling.py``), times the job's own training step with hpcrep's public API, with
 no synchronisation (upper bound) and with a hand-written mpi4py allreduce (raw baseline) swapped
 in underneath (``bench/variants.py``), interleaved over repeated rounds and self-checked
 (``bench/job.py``); ResNet-50 also runs under ``tf.distribute.MultiWorkerMirroredStrategy`` on

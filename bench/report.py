@@ -272,17 +272,19 @@ def pooling_line(report: dict) -> str:
     if not shapes:
         return ""
     common = max(shapes, key=lambda k: (len(shapes[k]), k))
-    text = (f"Each figure pools {_jobs_rounds(*common)} (min-max over all of them; per-job "
-            "medians under 'Job-to-job drift')")
+    text = (f"Each figure pools {_jobs_rounds(*common)}: its median and [min-max] are over all "
+            "their rounds (per-job medians under 'Job-to-job drift')")
     others = [f"{', '.join(where)}: {_jobs_rounds(*shape)}" for shape, where in
               sorted(shapes.items()) if shape != common]
     return text + ("; except " + "; ".join(others) if others else "") + "."
 
 
 def _jobs_rounds(jobs: int, rounds: int) -> str:
-    return (f"{jobs} job{'s' if jobs != 1 else ''} x {rounds // max(jobs, 1)} rounds "
-            f"({rounds} rounds)" if rounds % max(jobs, 1) == 0 else
-            f"{jobs} job{'s' if jobs != 1 else ''}, {rounds} rounds in all")
+    """'2 jobs x 3 rounds', or '2 jobs, 5 rounds in all' where the jobs had different rounds."""
+    plural = "s" if jobs != 1 else ""
+    if rounds % max(jobs, 1) == 0:
+        return f"{jobs} job{plural} x {rounds // max(jobs, 1)} rounds"
+    return f"{jobs} job{plural}, {rounds} rounds in all"
 
 
 def _checks_cell(model: dict, n: str) -> str:

@@ -91,13 +91,14 @@ def _drift_md(report: dict) -> list[str]:
     rows = []
     for name, model in report["models"].items():
         ratios = model.get("ratios", {})
-        for peer in SUMMARY_PEERS:
-            for n, value in sorted(ratios.get(peer, {}).items(), key=lambda kv: int(kv[0])):
-                jobs = value.get("jobs") if isinstance(value, dict) else None
-                if jobs:
-                    rows.append(f"| {name} | {n} | hpcrep/{SHORT_NAMES[peer]} | "
-                                f"{fmt_figure(value)} | {', '.join(f'{j:.2f}' for j in jobs)} "
-                                f"| {max(jobs) - min(jobs):.2f} |")
+        ranks = sorted({n for by_n in ratios.values() for n in by_n}, key=int)
+        for n, peer in ((n, p) for n in ranks for p in SUMMARY_PEERS):
+            value = ratios.get(peer, {}).get(n)
+            jobs = value.get("jobs") if isinstance(value, dict) else None
+            if jobs:
+                rows.append(f"| {name} | {n} | hpcrep/{SHORT_NAMES[peer]} | {fmt_figure(value)} "
+                            f"| {', '.join(f'{j:.2f}' for j in jobs)} | "
+                            f"{max(jobs) - min(jobs):.2f} |")
     if not rows:
         return []
     return ["## Job-to-job drift", "",

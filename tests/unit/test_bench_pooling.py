@@ -161,11 +161,15 @@ def test_the_report_says_what_each_figure_pools_and_shows_the_per_job_medians():
     assert ratios["mwms"]["2"]["jobs"] == [pytest.approx(0.9 / 0.5),
                                            pytest.approx((90 / 99) / 0.4)]
     line = report.pooling_line(data)
-    assert line.startswith("Each figure pools 2 jobs x 3 rounds (6 rounds)")
+    assert line.startswith("Each figure pools 2 jobs x 3 rounds: its median and [min-max] are "
+                           "over all their rounds")
     assert "except" not in line and line in report.summary(data)
     md = report_markdown.markdown(data, [])
     assert line in md and "## Job-to-job drift" in md
-    assert "| resnet50 | 2 | hpcrep/MWMS | " in md
+    drift = md.split("## Job-to-job drift")[1].split("##")[0]
+    assert [line.split(" | ")[1:3] for line in drift.splitlines() if line.startswith("| resnet")] \
+        == [["1", "hpcrep/no-sync"], ["1", "hpcrep/raw MPI"], ["2", "hpcrep/no-sync"],
+            ["2", "hpcrep/raw MPI"], ["2", "hpcrep/MWMS"]]
     assert f"| resnet50 | 2 | hpcrep/no-sync | {report.fmt_figure(ratios['nosync']['2'])} | " \
            f"0.90, 0.91 | 0.01 |" in md
     # the per-model table: jobs x rounds and each job's median step time
@@ -175,7 +179,7 @@ def test_the_report_says_what_each_figure_pools_and_shows_the_per_job_medians():
         data["models"]["resnet50"]["runs"]["mwms"]["2"] | {"jobs": 1, "rounds": 3,
                                                             "job_rounds": [3]}
     line = report.pooling_line(data)
-    assert line.endswith("except resnet50 2 ranks MWMS: 1 job x 3 rounds (3 rounds).")
+    assert line.endswith("except resnet50 2 ranks MWMS: 1 job x 3 rounds.")
 
 
 def test_a_report_from_before_repeats_renders_without_pooling_lines():
