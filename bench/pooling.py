@@ -49,6 +49,8 @@ def pool_jobs(jobs: Sequence[dict[str, dict]]) -> dict[str, dict]:
     pooled = {mode: _pool_mode([runs[mode] for runs in jobs]) for mode in modes}
     split_communication(pooled)
     for r in pooled.values():
+        if "learner_steps_per_s" in r:  # D4PG's, at the pooled median (None once withheld)
+            r["learner_steps_per_s"] = 1e3 / r["step_ms"] if r.get("step_ms") else None
         if r.get("vs_nosync") is not None:
             ratios = [b / t for b, t in zip(pooled["nosync"]["round_ms"], r["round_ms"])]
             r["vs_nosync"]["jobs"] = job_medians(ratios, r["job_rounds"])
@@ -85,8 +87,6 @@ def _pool_mode(timings: list[dict]) -> dict:
         "job_checks_ok": [None if c is None else bool(c.get("ok", True)) for c in checks]})
     out.pop("warmup_ms", None)
     out.pop("failed", None)
-    if "learner_steps_per_s" in out:  # D4PG's learner steps per second, at the pooled median
-        out["learner_steps_per_s"] = 1e3 / s["median"] if s["median"] else None
     if out["check"] is None:
         out.pop("check")
     return out

@@ -96,6 +96,13 @@ def test_a_self_check_failed_in_any_job_marks_the_variant():
         assert mpi["check"]["weights"]["detail"] == "weights differ"
         assert sorted(mpi["job_checks_ok"]) == [False, True]
         assert pooled["hpcrep"]["throughput"] is not None and not pooled["hpcrep"].get("failed")
+    # D4PG's learner steps per second follow the pooled median, and go with the figures
+    for runs in (good, bad):
+        for r in runs.values():
+            r["learner_steps_per_s"] = 1e3 / r["step_ms"] if r.get("step_ms") else None
+    pooled = pool_jobs([good, bad])
+    assert pooled["hpcrep"]["learner_steps_per_s"] == pytest.approx(1e3 / 12)
+    assert pooled["mpi4py"]["learner_steps_per_s"] is None
     assert "failed" not in pool_jobs([good, good])["mpi4py"]
 
 
