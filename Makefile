@@ -51,7 +51,11 @@ test-cluster:
 
 # Quick weak-scaling benchmark of ResNet-50, SN-GAN and D4PG at 1 and 2 ranks (2 cores), one
 # core per rank at both, with peers side by side (Horovod too once `make peers` has built it)
-# and the allreduce benchmark; report in reports/<timestamp>/.
+# and the allreduce benchmark; report in reports/<timestamp>/. Every job runs twice (--repeats,
+# quick default 2, interleaved: all first runs, then all second runs) with 3 rounds each, and a
+# figure's median and [min-max] are over all 6 rounds, so its range carries job-to-job drift
+# (rounds in one job share its placement and warm-up); the report lists each job's median.
+# About twice the jobs' time of a single run: most of a quick job is start-up and warm-up.
 bench: install
 	@[ -x .venv-peers/bin/python ] || echo "bench: no Horovod: 'make peers' builds it into .venv-peers/ (about 5 min on 2 cores); then make bench times it too"
 	$(PY) -m hpcrep.cli bench all --quick --ranks 1,2

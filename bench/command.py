@@ -1,7 +1,8 @@
 """``hpcrep bench MODEL --ranks 1,2,4``: weak-scaling benchmark with peers side by side.
 
-For each model and rank count one MPI job (``python -m jobs.<package> --bench-json``, run from
-the repository's top directory) times the job's own training step with hpcrep's public API, with
+For each model and rank count an MPI job (``python -m jobs.<package> --bench-json``, run from
+the repository's top directory), run ``--repeats`` times and its rounds pooled
+(``bench/pooling.py``), times the job's own training step with hpcrep's public API, with
 no synchronisation (upper bound) and with a hand-written mpi4py allreduce (raw baseline) swapped
 in underneath (``bench/variants.py``), interleaved over repeated rounds and self-checked
 (``bench/job.py``); ResNet-50 also runs under ``tf.distribute.MultiWorkerMirroredStrategy`` on
@@ -36,20 +37,26 @@ MODES = ("hpcrep", "nosync", "mpi4py")
 
 # Per-model job arguments: quick mode (make bench, minutes on 2 cores) and full mode. Every
 # variant of a job is warmed up until its step times settle (bench.timing.warm_up), then runs
-# --steps steps in each of --rounds rounds, the variants taking turns; a figure is the median
-# over rounds with the rounds' min-max.
+# --steps steps in each of --rounds rounds, the variants taking turns. Each job runs REPEATS
+# times (--repeats), the repeats interleaved across variants and rank counts; a figure is the
+# median over all rounds of all repeats with their min-max (bench.pooling): rounds of one job
+# share its placement, memory layout and warm-up, so only repeated jobs show job-to-job drift.
 SETTINGS: dict[str, dict[bool, list[str]]] = {
-    "resnet50": {True: ["--image-size", "32", "--batch", "8", "--rounds", "5", "--steps", "3"],
+    "resnet50": {True: ["--image-size", "32", "--batch", "8", "--rounds", "3", "--steps", "3"],
                  False: ["--image-size", "64", "--batch", "32", "--rounds", "7", "--steps",
                          "5"]},
     "sngan": {True: ["--image-size", "16", "--g-ch", "32", "--d-ch", "32", "--batch", "16",
-                     "--n-dis", "1", "--rounds", "5", "--steps", "3"],
+                     "--n-dis", "1", "--rounds", "3", "--steps", "3"],
               False: ["--image-size", "32", "--g-ch", "64", "--d-ch", "64", "--batch", "32",
                       "--n-dis", "5", "--rounds", "7", "--steps", "3"]},
-    "d4pg": {True: ["--batch", "128", "--min-replay", "500", "--rounds", "5", "--steps", "20"],
+    "d4pg": {True: ["--batch", "128", "--min-replay", "500", "--rounds", "3", "--steps", "20"],
              False: ["--batch", "256", "--min-replay", "2000", "--rounds", "7", "--steps",
                      "40"]},
 }
+
+# Jobs per (model, rank count, variant), by quick mode: make bench's 2 x 3 rounds cost about what
+# 1 x 5 rounds did plus one more start-up, warm-up and self-check per job.
+REPEATS = {True: 2, False: 3}
 
 # Horovod's settings in its job: its fusion buffer as large as hpcrep's (HPCREP_FUSION_THRESHOLD,
 # 16 MiB by default) and its background cycle at 1 ms, so that a step's gradients leave in a few
@@ -74,6 +81,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="report directory (default reports/<timestamp>)")
     parser.add_argument("--no-allreduce", action="store_true", help="skip the allreduce benchmark")
     parser.add_argument("--no-mwms", action="store_true", help="skip MultiWorkerMirroredStrategy")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="jobs per model, rank count and variant, their rounds pooled "
+                             f"(default {REPEATS[True]} with --quick, {REPEATS[False]} without)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per MPI job")
     parser.add_argument("--cluster-nodes", type=int, default=0,
                         help="run every job across this many nodes of the multi-node test "
@@ -105,6 +115,10 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
         raise SystemExit(f"--ranks needs positive integers, got {args.ranks!r}")
     if 1 not in ranks:
         ranks = [1] + ranks  # efficiency is measured against 1 rank
+    if args.repeats is None:
+        args.repeats = REPEATS[bool(args.quick)]
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats needs a positive number, got {args.repeats}")
     from bench.placement import default_cores_per_rank, thread_env  # noqa: PLC0415
 
     cores = machine()["cores"]
@@ -121,6 +135,7 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
     start = time.time()
     report: dict[str, Any] = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
                               "quick": bool(args.quick), "ranks": ranks,
+                              "repeats": args.repeats,
                               "machine": machine(), "versions": versions(), "models": {},
                               "cores_per_rank": args.cores_per_rank, "peers": {}, "errors": [],
                               "cluster": nodes.describe() if nodes is not None else None,
@@ -151,57 +166,94 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
 def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
               errors: list, modes: tuple = MODES, nodes: Any = None,
               horovod_python: Optional[str] = None) -> dict:
-    """Run ``model``'s benchmark jobs at each rank count; return {unit, runs: mode -> ranks -> r,
-    peer_jobs: peer -> ranks -> {nosync: r}}.
+    """Run ``model``'s benchmark jobs at each rank count, each ``args.repeats`` times, and pool
+    the repeats (:func:`bench.pooling.pool_jobs`); return {unit, runs: mode -> ranks -> r,
+    peer_jobs: peer -> ranks -> {nosync: r}, jobs: "n/variant" -> its jobs' times}.
 
-    ``nodes`` (a :class:`bench.cluster.Cluster`) runs the jobs across its nodes. MWMS (ResNet-50,
-    local ranks only) and, with ``horovod_python``, Horovod run in jobs of their own, each with
-    its own nosync (``peer_jobs``), which the report compares them against.
+    The repeats are interleaved: every job of the first repeat (all rank counts, all variants),
+    then every job of the second, and so on, so that a slow spell of the machine falls on some
+    job of every variant rather than on all of one. ``nodes`` (a :class:`bench.cluster.Cluster`)
+    runs the jobs across its nodes. MWMS (ResNet-50, local ranks only) and, with
+    ``horovod_python``, Horovod run in jobs of their own, each with its own nosync
+    (``peer_jobs``), which the report compares them against.
     """
-    result: dict[str, Any] = {"runs": {}, "jobs": {}, "peer_jobs": {}}
-    for n in ranks:
-        variants = [",".join(modes)]
-        # MultiWorkerMirroredStrategy is wired to localhost ports: local ranks only.
-        if model == "resnet50" and not args.no_mwms and nodes is None:
-            variants.append("mwms")
-        if horovod_python:
-            variants.append("horovod")
-        for variant in variants:
-            path = os.path.join(out, "jobs", f"{model}-{n}-{variant.split(',')[0]}.json")
-            extra = ["--port-base", str(free_port_base(n))] if variant == "mwms" else []
-            job_modes = "horovod,nosync" if variant == "horovod" else variant
-            data = run_job(model, n, ["--modes", job_modes, "--bench-json", path]
-                           + SETTINGS[model][args.quick] + extra, args.timeout, errors, nodes,
-                           horovod_python if variant == "horovod" else sys.executable,
-                           args.cores_per_rank,
-                           horovod_env() if variant == "horovod" else None)
-            if data is None:
-                continue
-            result["unit"] = data["unit"]
-            for key in ("grad_bytes", "grad_tensors", "syncs_per_step", "batch_norm"):
-                if key in data:
-                    result[key] = data[key]
-            result["jobs"][f"{n}/{variant}"] = {"environment": data["environment"],
-                                               "seconds": data["seconds"],
-                                               "cpu_seconds": data["cpu_seconds"]}
-            if variant == "mwms":
-                result["mwms"] = data.get("mwms")
-            if variant == "horovod":
-                result["horovod"] = horovod_env()
-            for mode, timing in data["runs"].items():
-                own = variant in ("mwms", "horovod") and mode == "nosync"
-                target = result["peer_jobs"].setdefault(variant, {}).setdefault(str(n), {}) \
-                    if own else result["runs"].setdefault(mode, {})
-                target["nosync" if own else str(n)] = timing
+    from bench.pooling import pool_jobs  # noqa: PLC0415
+
+    repeats = getattr(args, "repeats", None) or 1
+    plan = [(n, variant) for n in ranks for variant in job_variants(model, modes, args, nodes,
+                                                                      horovod_python)]
+    done: dict[tuple[int, str], list[dict]] = {key: [] for key in plan}
+    for repeat, (n, variant) in job_order(plan, repeats):
+        name = f"{model}-{n}-{variant.split(',')[0]}"
+        path = os.path.join(out, "jobs", f"{name}-{repeat}.json" if repeats > 1
+                            else f"{name}.json")
+        extra = ["--port-base", str(free_port_base(n))] if variant == "mwms" else []
+        job_modes = "horovod,nosync" if variant == "horovod" else variant
+        data = run_job(model, n, ["--modes", job_modes, "--bench-json", path]
+                       + SETTINGS[model][args.quick] + extra, args.timeout, errors, nodes,
+                       horovod_python if variant == "horovod" else sys.executable,
+                       args.cores_per_rank,
+                       horovod_env() if variant == "horovod" else None,
+                       f"job {repeat} of {repeats}" if repeats > 1 else "")
+        if data is not None:
+            done[(n, variant)].append(data)
+    result: dict[str, Any] = {"runs": {}, "jobs": {}, "peer_jobs": {}, "repeats": repeats}
+    for (n, variant), datas in done.items():
+        if not datas:
+            continue
+        data = datas[-1]
+        result["unit"] = data["unit"]
+        for key in ("grad_bytes", "grad_tensors", "syncs_per_step", "batch_norm"):
+            if key in data:
+                result[key] = data[key]
+        result["jobs"][f"{n}/{variant}"] = {
+            "environment": data["environment"], "jobs": len(datas),
+            "seconds": sum(d["seconds"] for d in datas),
+            "cpu_seconds": sum(d["cpu_seconds"] for d in datas),
+            "job_seconds": [d["seconds"] for d in datas],
+            "job_cpu_seconds": [d["cpu_seconds"] for d in datas]}
+        if variant == "mwms":
+            result["mwms"] = data.get("mwms")
+        if variant == "horovod":
+            result["horovod"] = horovod_env()
+        for mode, timing in pool_jobs([d["runs"] for d in datas]).items():
+            own = variant in ("mwms", "horovod") and mode == "nosync"
+            target = result["peer_jobs"].setdefault(variant, {}).setdefault(str(n), {}) \
+                if own else result["runs"].setdefault(mode, {})
+            target["nosync" if own else str(n)] = timing
     return result
+
+
+def job_order(plan: list, repeats: int) -> list[tuple[int, Any]]:
+    """The order to run ``repeats`` jobs of each entry of ``plan``: ``(repeat, entry)`` pairs,
+    every entry's first job (in ``plan``'s order), then every entry's second, and so on, so that
+    a slow spell of the machine falls on one job of many entries, not on all jobs of one."""
+    if repeats < 1:
+        raise ValueError(f"need repeats >= 1, got {repeats}")
+    return [(repeat, entry) for repeat in range(1, repeats + 1) for entry in plan]
+
+
+def job_variants(model: str, modes: tuple, args: argparse.Namespace, nodes: Any,
+                 horovod_python: Optional[str]) -> list[str]:
+    """The jobs ``model`` runs at each rank count: hpcrep's job with ``modes``, MWMS's (ResNet-50
+    on local ranks, unless ``args.no_mwms``) and Horovod's (with ``horovod_python``)."""
+    variants = [",".join(modes)]
+    # MultiWorkerMirroredStrategy is wired to localhost ports: local ranks only.
+    if model == "resnet50" and not args.no_mwms and nodes is None:
+        variants.append("mwms")
+    if horovod_python:
+        variants.append("horovod")
+    return variants
 
 
 def run_job(model: str, n: int, job_args: list[str], timeout: int,
             errors: list, nodes: Any = None, python: str = sys.executable,
-            cores_per_rank: int = 0, extra_env: Optional[dict] = None) -> Optional[dict]:
+            cores_per_rank: int = 0, extra_env: Optional[dict] = None,
+            which: str = "") -> Optional[dict]:
     """Run ``python -m jobs.<package>`` on ``n`` ranks (across ``nodes`` if given) under
     ``python``, from the repository's top directory, each rank with ``cores_per_rank`` threads
-    (0: hpcrep's default) and ``extra_env`` set; return its JSON, or None (error recorded)."""
+    (0: hpcrep's default) and ``extra_env`` set; return its JSON, or None (error recorded).
+    ``which`` (like ``"job 2 of 3"``) is added to the job's label in messages."""
     from bench.placement import thread_env  # noqa: PLC0415
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
 
@@ -216,6 +268,8 @@ def run_job(model: str, n: int, job_args: list[str], timeout: int,
     env.update(extra_env or {})
     command = launch(n, [python, "-m", JOBS[model]] + job_args)
     label = f"{model} x{n} ({job_args[job_args.index('--modes') + 1]})"
+    if which:
+        label += f" {which}"
     print(f"bench: {label} ...", flush=True)
     start, cpu_start = time.time(), _children_cpu_seconds()
     try:

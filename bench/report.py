@@ -123,9 +123,13 @@ def peer_ratio(model: dict, peer: str, n: str) -> Optional[dict]:
       peer over its own job's nosync (:func:`ratio_of`), so that each is measured against the
       unsynchronised step of its own process and minute.
 
+    Over repeated jobs (:mod:`bench.pooling`) the figure pools every round of every job and
+    carries ``jobs``: each job's median ratio (for a peer in a job of its own, job ``i`` of
+    hpcrep's over job ``i`` of the peer's, which ran in the same repeat).
+
     Reports without per-round times fall back to the throughput ratio (no spread).
     """
-    from bench.job import round_ratio  # noqa: PLC0415
+    from bench.pooling import pooled_ratio  # noqa: PLC0415
 
     ours = model.get("runs", {}).get("hpcrep", {}).get(n) or {}
     theirs = model.get("runs", {}).get(peer, {}).get(n) or {}
@@ -136,12 +140,18 @@ def peer_ratio(model: dict, peer: str, n: str) -> Optional[dict]:
     if peer in OWN_JOB_PEERS:
         own = model.get("peer_jobs", {}).get(peer, {}).get(n, {}).get("nosync")
         if ours.get("vs_nosync") and theirs.get("vs_nosync") and own:
-            return ratio_of(ours["vs_nosync"], theirs["vs_nosync"])
+            out = ratio_of(ours["vs_nosync"], theirs["vs_nosync"])
+            a, b = ours["vs_nosync"].get("jobs"), theirs["vs_nosync"].get("jobs")
+            if a and b and len(a) == len(b):  # job i of each ran in the same repeat
+                out["jobs"] = [x / y for x, y in zip(a, b)]
+            return out
         paired = model.get("paired", {}).get(peer, {}).get(n)  # reports from before
         ours = paired or ours
     elif ours.get("round_ms") and theirs.get("round_ms") and \
             len(ours["round_ms"]) == len(theirs["round_ms"]):
-        return round_ratio(theirs["round_ms"], ours["round_ms"])
+        same_jobs = ours.get("job_rounds") and ours.get("job_rounds") == theirs.get("job_rounds")
+        return pooled_ratio(theirs["round_ms"], ours["round_ms"],
+                            ours["job_rounds"] if same_jobs else None)
     value = ours["throughput"] / theirs["throughput"] if theirs["throughput"] else None
     return None if value is None else {"median": value, "min": value, "max": value}
 
@@ -225,7 +235,8 @@ def fmt(value: Any, spec: str = ".3g") -> str:
 def summary_rows(report: dict) -> list[list[str]]:
     """The summary table: per model and rank count, hpcrep's throughput over no-sync's (the
     figure machine contention cancels out of) first, then over each peer's, then hpcrep's
-    efficiency vs 1 rank, and the self-checks. Figures are medians with min-max over rounds.
+    efficiency vs 1 rank, and the self-checks. Figures are medians with min-max over all rounds
+    of all repeated jobs.
     The first row is the header."""
     peers = [p for p in SUMMARY_PEERS
              if any(p in m.get("ratios", {}) for m in report["models"].values())]
@@ -240,6 +251,40 @@ def summary_rows(report: dict) -> list[list[str]]:
                                      for p in peers]
                         + [fmt(eff, ".2f"), _checks_cell(model, n)])
     return rows
+
+
+def pooling_line(report: dict) -> str:
+    """How many jobs and rounds the figures pool: one sentence, naming any run that pooled
+    fewer (a failed or timed-out repeat); '' for a report without pooled runs."""
+    shapes: dict[tuple[int, int], list[str]] = {}
+    for name, model in report["models"].items():
+        groups = [(SHORT_NAMES.get(mode, mode), by_n) for mode, by_n in
+                  model.get("runs", {}).items()]
+        groups += [(f"no-sync of the {SHORT_NAMES.get(p, p)} job",
+                    {n: own.get("nosync") or {} for n, own in by_n.items()})
+                   for p, by_n in model.get("peer_jobs", {}).items()]
+        for label, by_n in groups:
+            for n, r in by_n.items():
+                if r.get("jobs") is None:
+                    continue
+                shape = (int(r["jobs"]), int(r.get("rounds") or 0))
+                shapes.setdefault(shape, []).append(f"{name} {n} ranks {label}")
+    if not shapes:
+        return ""
+    common = max(shapes, key=lambda k: (len(shapes[k]), k))
+    text = (f"Each figure pools {_jobs_rounds(*common)}: its median and [min-max] are over all "
+            "their rounds (per-job medians under 'Job-to-job drift')")
+    others = [f"{', '.join(where)}: {_jobs_rounds(*shape)}" for shape, where in
+              sorted(shapes.items()) if shape != common]
+    return text + ("; except " + "; ".join(others) if others else "") + "."
+
+
+def _jobs_rounds(jobs: int, rounds: int) -> str:
+    """'2 jobs x 3 rounds', or '2 jobs, 5 rounds in all' where the jobs had different rounds."""
+    plural = "s" if jobs != 1 else ""
+    if rounds % max(jobs, 1) == 0:
+        return f"{jobs} job{plural} x {rounds // max(jobs, 1)} rounds"
+    return f"{jobs} job{plural}, {rounds} rounds in all"
 
 
 def _checks_cell(model: dict, n: str) -> str:
@@ -326,6 +371,9 @@ def summary(report: dict) -> str:
     rows = summary_rows(report)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    pooling = pooling_line(report)
+    if pooling:
+        lines.append(pooling)
     lines.append(cores_line(report))
     warning = load_warning(report)
     if warning:

@@ -11,7 +11,7 @@ from typing import Optional
 from bench import plots
 from bench.plots import PEER_NAMES
 from bench.report import (OWN_JOB_PEERS, SHORT_NAMES, cores_line, fmt, fmt_figure, fmt_spread,
-                          idle_text, load_text, load_warning, summary_rows)
+                          idle_text, load_text, load_warning, pooling_line, summary_rows)
 
 
 def render(report: dict, out: str) -> list[str]:
@@ -32,10 +32,15 @@ PROTOCOL = (
     "until their step times settle (the median of the last 3 steps within 5% of the 3 before, "
     "at most 40 steps), then take turns over repeated rounds (the order rotated every round), "
     "a few steps each per round; a step's time is the slowest rank's, a round's figure the "
-    "median of its steps, and every figure below the median over rounds with the rounds' "
-    "[min-max], printed to the precision that spread allows. **hpcrep/no-sync** is hpcrep's "
-    "throughput over the unsynchronised step of the same job, round by round: other work on the "
-    "machine slows both alike, so it is the honest figure; peers timed in jobs of their own "
+    "median of its steps. Every job runs several times (--repeats; the repeats interleaved: "
+    "every variant's and rank count's first job, then every second job), because rounds inside "
+    "one job share its placement, memory layout and warm-up and cannot show how much a second "
+    "job differs; every figure below is the median over all rounds of all its jobs with their "
+    "[min-max], printed to the precision that spread allows, and a ratio is formed only round "
+    "by round between variants timed in the same round of the same job. **hpcrep/no-sync** is "
+    "hpcrep's throughput over the unsynchronised step of the same job, round by round: other "
+    "work on the machine slows both alike, so it is the honest figure; peers timed in jobs of "
+    "their own "
     "(Horovod, MWMS) are compared through their own job's no-sync. Efficiency vs 1 rank = "
     "throughput(n) / (n x throughput(1)) of the same variant at the same cores per rank, across "
     "jobs run minutes apart: machine contention moves it (no-sync itself shows how much). Every "
@@ -61,6 +66,9 @@ def markdown(report: dict, images: list[str]) -> str:
              "## Summary", "", "| " + " | ".join(rows[0]) + " |",
              "|---|" + "---:|" * (len(rows[0]) - 2) + "---|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]] + [""]
+    pooling = pooling_line(report)
+    lines += [pooling, ""] if pooling else []
+    lines += _drift_md(report)
     lines += _peers_md(report)
     for name, model in report["models"].items():
         lines += _model_md(name, model)
@@ -73,6 +81,32 @@ def markdown(report: dict, images: list[str]) -> str:
         lines += ["## Failed jobs", ""] + [f"```\n{e}\n```" for e in report["errors"]] + [""]
     lines += ["## Plots", ""] + [f"![{img}]({img})" for img in images] + [""]
     return "\n".join(lines)
+
+
+def _drift_md(report: dict) -> list[str]:
+    """Each summary ratio beside its per-job medians, in the order the jobs ran: how far one
+    job's figure lies from another's on this machine."""
+    from bench.report import SUMMARY_PEERS  # noqa: PLC0415
+
+    rows = []
+    for name, model in report["models"].items():
+        ratios = model.get("ratios", {})
+        ranks = sorted({n for by_n in ratios.values() for n in by_n}, key=int)
+        for n, peer in ((n, p) for n in ranks for p in SUMMARY_PEERS):
+            value = ratios.get(peer, {}).get(n)
+            jobs = value.get("jobs") if isinstance(value, dict) else None
+            if jobs:
+                rows.append(f"| {name} | {n} | hpcrep/{SHORT_NAMES[peer]} | {fmt_figure(value)} "
+                            f"| {', '.join(f'{j:.2f}' for j in jobs)} | "
+                            f"{max(jobs) - min(jobs):.2f} |")
+    if not rows:
+        return []
+    return ["## Job-to-job drift", "",
+            "Each summary ratio pooled over its jobs, beside each job's own median (in the "
+            "order the jobs ran) and the gap between the highest and lowest of them. A second "
+            "run's figure is a median of such jobs again.", "",
+            "| model | ranks | ratio | pooled median [min-max] | per-job medians | gap |",
+            "|---|---:|---|---:|---|---:|", *rows, ""]
 
 
 def _peers_md(report: dict) -> list[str]:
@@ -120,17 +154,20 @@ def _model_md(name: str, model: dict) -> list[str]:
              f"{model.get('grad_tensors', '?')} tensors, "
              f"{(model.get('grad_bytes') or 0) / 1e6:.2f} MB per exchange, "
              f"{model.get('syncs_per_step', 1)} exchange(s) per step. Figures: median "
-             "[min-max] over rounds.", "",
-             "| variant | job | ranks | threads per rank | throughput | step ms | throughput / "
-             "its job's no-sync | efficiency vs 1 rank | self-check |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "[min-max] over all rounds of all jobs; 'per-job step ms' is each job's median, in "
+             "the order the jobs ran.", "",
+             "| variant | job | ranks | threads per rank | jobs x rounds | throughput | step ms "
+             "| per-job step ms | throughput / its job's no-sync | efficiency vs 1 rank | "
+             "self-check |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for mode, runs in model.get("runs", {}).items():
         job = "own" if mode in OWN_JOB_PEERS else "main"
         for n, r in sorted(runs.items(), key=lambda kv: int(kv[0])):
             lines.append(
                 f"| {PEER_NAMES.get(mode, mode)} | {job} | {n} | "
-                f"{fmt(r.get('threads_per_rank'), 'd')} | "
+                f"{fmt(r.get('threads_per_rank'), 'd')} | {_pooled_text(r)} | "
                 f"{_run_spread(r, 'throughput')} | {_run_spread(r, 'step_ms')} | "
+                f"{_job_medians_text(r)} | "
                 f"{fmt_figure(r.get('vs_nosync'))} | {fmt(r.get('efficiency'), '.2f')} | "
                 f"{_check_text(r.get('check'))} |")
     for peer, by_n in model.get("peer_jobs", {}).items():
@@ -138,9 +175,9 @@ def _model_md(name: str, model: dict) -> list[str]:
             r = own.get("nosync") or {}
             lines.append(
                 f"| no-sync of the {SHORT_NAMES.get(peer, peer)} job | own | {n} | "
-                f"{fmt(r.get('threads_per_rank'), 'd')} | "
+                f"{fmt(r.get('threads_per_rank'), 'd')} | {_pooled_text(r)} | "
                 f"{_run_spread(r, 'throughput')} | {_run_spread(r, 'step_ms')} | "
-                "1 | - | - |")
+                f"{_job_medians_text(r)} | 1 | - | - |")
     if model.get("ratios"):
         lines += ["", "hpcrep throughput / peer throughput (median [min-max]):", ""]
         for peer, ratios in model["ratios"].items():
@@ -148,6 +185,25 @@ def _model_md(name: str, model: dict) -> list[str]:
             lines.append(f"- {PEER_NAMES.get(peer, peer)}{via}: " + ", ".join(
                 f"{n} ranks {fmt_figure(val)}x" for n, val in ratios.items()))
     return lines + [""]
+
+
+def _pooled_text(run: dict) -> str:
+    """``jobs x rounds per job`` of a run ('2 x 3'; '1 x 5' for a report from before repeats;
+    ``3+2`` rounds where the jobs differ)."""
+    per_job = run.get("job_rounds") or ([run["rounds"]] if run.get("rounds") else [])
+    if not per_job:
+        return "-"
+    if len(set(per_job)) == 1:
+        return f"{len(per_job)} x {per_job[0]}"
+    return f"{len(per_job)} x ({'+'.join(str(k) for k in per_job)})"
+
+
+def _job_medians_text(run: dict) -> str:
+    """Each job's median step time, in the order the jobs ran ('-' where not recorded)."""
+    medians = run.get("job_step_ms")
+    if not medians:
+        return "-"
+    return ", ".join(format(m, ".3g") for m in medians)
 
 
 def _run_spread(run: dict, key: str) -> str:

@@ -82,6 +82,7 @@ def time_rounds(steps: dict[str, Callable[[], object]], rounds: int, steps_per_r
         name -> ``step_ms`` (median over rounds), ``step_ms_min``, ``step_ms_max``,
         ``round_ms`` (each round's median, in round order), ``throughput`` (items/s of the whole
         job at the median, ``throughput_min``/``throughput_max`` at the slowest/fastest round),
+        ``items_per_step``,
         ``warmup_ms`` (the warm-up steps' times), ``rounds``, ``steps_per_round``,
         ``step_times_ms`` (every timed step, in order) and ``threads_per_rank``.
     """
@@ -108,6 +109,7 @@ def time_rounds(steps: dict[str, Callable[[], object]], rounds: int, steps_per_r
                      "throughput": items_per_step / s["median"] * 1e3,
                      "throughput_min": items_per_step / s["max"] * 1e3,
                      "throughput_max": items_per_step / s["min"] * 1e3,
+                     "items_per_step": items_per_step,
                      "warmup_ms": warm[name], "rounds": rounds,
                      "steps_per_round": steps_per_round,
                      "step_times_ms": [float(t) for t in times.ravel()],
