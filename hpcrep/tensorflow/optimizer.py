@@ -21,6 +21,7 @@ from hpcrep.comm.ops import ReduceOp
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.compression import Compression, Compressor
 from hpcrep.tensorflow.gradients import GradientReducer
+from hpcrep.tensorflow.replica_check import checks_replicas
 from hpcrep.tensorflow.variables import local_layer_variables, variable_key
 
 
@@ -39,6 +40,7 @@ class _DistributedMixin:
         """
         self._hpcrep_reducer.local.add(variable_key(var))
 
+    @checks_replicas  # the replica canary, every HPCREP_CHECK_REPLICAS steps
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         """Reduce ``grads`` across ranks, then apply them as the wrapped optimizer would.
 

@@ -29,6 +29,7 @@ from hpcrep import comm, config
 from hpcrep.tensorflow.gradients import GradientReducer
 from hpcrep.tensorflow._keras.lr_scale import scale_learning_rate
 from hpcrep.tensorflow.optimizer import is_distributed
+from hpcrep.tensorflow.replica_check import checks_replicas
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
 
 
@@ -53,7 +54,7 @@ def install(patches: PatchSet) -> None:
                 scale_learning_rate(self, comm.size())
         return original(self, reducer.reduce(list(grads)), trainable_variables)
 
-    patches.attr(owner, "apply", apply)
+    patches.attr(owner, "apply", checks_replicas(apply))  # the replica canary
     patches.label("optimizer apply (gradients averaged)")
     patches.label(f"learning rate x{comm.size() if scale else 1}"
                   f"{'' if scale else ' (HPCREP_TRANSPARENT_SCALE_LR=1 for xN)'}")
