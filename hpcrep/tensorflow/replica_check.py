@@ -27,6 +27,12 @@ Non-trainable variables of a model the optimizer trains in transparent ``fit`` (
 information, once per set of differing variables, never as an error: local batch-norm
 statistics differ by design. The check reads only: when everything agrees, nothing changes, and
 with ``HPCREP_CHECK_REPLICAS=0`` nothing is added to a step at all.
+
+The interval counts calls of the outermost ``apply`` (a counter of the canary's own, not the
+optimizer's ``iterations``, whose meaning varies: ``LossScaleOptimizer`` delegates it, Keras's
+``gradient_accumulation_steps`` divides it); with ``backward_passes_per_step=k`` a check may fall
+on a pass that only accumulates, which is harmless since it only reads. The step reported is the
+optimizer's ``iterations`` after the update.
 """
 
 from __future__ import annotations
