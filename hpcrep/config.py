@@ -37,6 +37,20 @@ def _parse_tf_log(text: str) -> str:
     return value
 
 
+def _parse_every(text: str) -> int:
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError(f"expected a number of steps >= 0 (0: off); got {text!r}")
+    return value
+
+
+def _parse_replica_action(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("warn", "abort", "rebroadcast"):
+        raise ValueError(f"expected warn, abort or rebroadcast; got {text!r}")
+    return value
+
+
 def _parse_bytes(text: str) -> int:
     """Parse ``"64MiB"``, ``"1048576"``, ``"4k"`` and the like into a number of bytes."""
     units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
@@ -86,6 +100,19 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_CHECK_COLLECTIVES", _parse_bool, True,
             "Before each collective, agree on a 64-bit hash of the tensors' names, shapes and "
             "dtypes (one 16-byte allreduce), so that mismatched calls raise instead of hanging.",
+            same_on_all_ranks=True),
+    Setting("HPCREP_CHECK_REPLICAS", _parse_every, 100,
+            "Replica canary: every this many optimizer steps (and DistributedGradientTape "
+            "gradient calls), check that every rank holds bitwise the same trainable variables "
+            "and optimizer state (one checksum per variable, one small allreduce) and report on "
+            "every rank which variables differ, on which ranks, by how much, and any NaN/inf. "
+            "0 turns it off (nothing is added to the step). Must be the same on every rank.",
+            same_on_all_ranks=True),
+    Setting("HPCREP_CHECK_REPLICAS_ACTION", _parse_replica_action, "warn",
+            "What the replica canary does when trainable or optimizer-state variables differ "
+            "across ranks: 'warn' prints the report; 'abort' raises ReplicaDivergenceError on "
+            "every rank; 'rebroadcast' also assigns rank 0's values to every rank. Must be the "
+            "same on every rank.",
             same_on_all_ranks=True),
     Setting("HPCREP_STALL_TIMEOUT", float, 600.0,
             "Seconds a collective may wait for the other ranks before the whole job is aborted "

@@ -41,6 +41,11 @@ class CollectiveUnsupportedError(HpcrepError, NotImplementedError):
     with ``op=Max`` or with scale factors), as Horovod raises ``NotImplementedError`` there."""
 
 
+class ReplicaDivergenceError(HpcrepError, RuntimeError):
+    """The replica canary (``HPCREP_CHECK_REPLICAS_ACTION=abort``) found trainable or optimizer
+    variables that differ across ranks. Raised on every rank, with the canary's report."""
+
+
 class JoinError(HpcrepError, RuntimeError):
     """A collective ran while a rank waited in ``join()`` that cannot complete without it."""
 

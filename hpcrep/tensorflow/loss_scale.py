@@ -33,6 +33,7 @@ import keras
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope, reduced_scope
 from hpcrep.tensorflow.optimizer import is_distributed
+from hpcrep.tensorflow.replica_check import checks_replicas
 
 # Transparent mode's reducer while it is active (set and restored through its PatchSet).
 transparent_reducer: Optional[GradientReducer] = None
@@ -69,9 +70,16 @@ def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
     the same order, with matching gradients.
     """
     assert _original_apply is not None
-    reducer = None if in_reduced_scope() else reducer_for(self)
-    if reducer is None:
+    if in_reduced_scope() or reducer_for(self) is None:
         return _original_apply(self, grads, trainable_variables)
+    return _reduce_then_apply(self, grads, trainable_variables)
+
+
+@checks_replicas  # the replica canary runs here, once, not in the inner optimizer's apply
+def _reduce_then_apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+    assert _original_apply is not None
+    reducer = reducer_for(self)
+    assert reducer is not None
     grads = list(grads)
     variables = None if trainable_variables is None else list(trainable_variables)
     sources = variables if variables is not None else (

@@ -26,6 +26,7 @@ from hpcrep.comm.ops import ReduceOp
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.compression import Compression, Compressor
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope, reduced_scope
+from hpcrep.tensorflow.replica_check import checks_replicas
 from hpcrep.tensorflow.variables import local_layer_variables, variable_key
 
 
@@ -44,6 +45,7 @@ class _DistributedMixin:
         """
         self._hpcrep_reducer.local.add(variable_key(var))
 
+    @checks_replicas  # the replica canary, every HPCREP_CHECK_REPLICAS steps
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         """Reduce ``grads`` across ranks, then apply them as the wrapped optimizer would.
 

@@ -32,6 +32,7 @@ from hpcrep.tensorflow import loss_scale
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope
 from hpcrep.tensorflow._keras.lr_scale import scale_learning_rate
 from hpcrep.tensorflow.optimizer import is_distributed
+from hpcrep.tensorflow.replica_check import checks_replicas
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
 
 
@@ -57,7 +58,7 @@ def install(patches: PatchSet) -> None:
                 scale_learning_rate(self, comm.size())
         return original(self, reducer.reduce(list(grads)), trainable_variables)
 
-    patches.attr(owner, "apply", apply)
+    patches.attr(owner, "apply", checks_replicas(apply))  # the replica canary
     # A LossScaleOptimizer averages with the same reducer, before its finiteness check, so
     # every rank skips or applies the same steps (hvd.init() installed its wrapper).
     patches.attr(loss_scale, "transparent_reducer", reducer)

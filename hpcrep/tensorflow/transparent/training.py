@@ -32,6 +32,7 @@ from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
 from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                 MetricAverageCallback, average_logs)
 from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
+from hpcrep.tensorflow.replica_check import watch_model
 from hpcrep.tensorflow.transparent import sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
 from hpcrep.tensorflow.transparent.predict_share import drop, shard_for_predict
@@ -133,6 +134,8 @@ def install(patches: PatchSet) -> None:
             a["initial_epoch"] = max(a["initial_epoch"], checkpoint.restore(self))
         a["callbacks"] = distributed_callbacks(a["callbacks"], checkpoint)
         _quiet_off_root(a)
+        if getattr(self, "optimizer", None) is not None:
+            watch_model(self.optimizer, self)  # the canary reports its non-trainable state too
         with keras_loop():
             return original_fit(*bound.args, **bound.kwargs)
 
