@@ -251,3 +251,44 @@ def test_check_changes_nothing_and_zero_adds_nothing(world, monkeypatch):
     assert "If" in results["1"][1] or "StatelessIf" in results["1"][1]
     graph_off = results["0"][1]
     assert not {"Bitcast", "If", "StatelessIf"} & graph_off, graph_off
+
+
+@pytest.mark.parametrize("order", ["lso_outside", "dist_outside"])
+def test_under_a_loss_scale_optimizer_the_check_runs_once_per_step(world, canary, capfd, order):
+    """Under mixed precision the canary runs at the outermost optimizer whichever way the
+    LossScaleOptimizer wraps: one report per check (not one per nested apply, not one inside
+    the loss-scale check's branch), and the loss-scale state counts as optimizer state."""
+    r, n = world
+    canary("warn")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model, x, y = model_and_data(r)
+        sgd = keras.optimizers.SGD(0.01)
+        opt = (keras.optimizers.LossScaleOptimizer(hvd.DistributedOptimizer(sgd))
+               if order == "lso_outside" else
+               hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(sgd)))
+        opt.build(model.trainable_variables)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                out = tf.cast(model(x, training=True), tf.float32)
+                loss = opt.scale_loss(tf.reduce_mean((out - y) ** 2))
+            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+        capfd.readouterr()
+        for i in range(1, STEPS + 1):
+            step()
+            if i == PLANT_AT:
+                plant(model, r, n)
+        lines = report_lines(capfd)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    if n == 1:
+        assert lines == []
+        return
+    # One report, from the check after the 6th apply; the step it names is the optimizer's
+    # iterations, which do not count the steps the loss scale skipped.
+    assert len(lines) == 1, lines
+    assert re.match(rf"{PREFIX}, step [1-6]: 1 of 4 trainable variables differ", lines[0]), lines
+    assert f"net/first/kernel: {agreeing(n)}, rank {n - 1} differs" in lines[0], lines
