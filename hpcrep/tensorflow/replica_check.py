@@ -28,11 +28,16 @@ information, once per set of differing variables, never as an error: local batch
 statistics differ by design. The check reads only: when everything agrees, nothing changes, and
 with ``HPCREP_CHECK_REPLICAS=0`` nothing is added to a step at all.
 
-The interval counts calls of the outermost ``apply`` (a counter of the canary's own, not the
-optimizer's ``iterations``, whose meaning varies: ``LossScaleOptimizer`` delegates it, Keras's
-``gradient_accumulation_steps`` divides it); with ``backward_passes_per_step=k`` a check may fall
-on a pass that only accumulates, which is harmless since it only reads. The step reported is the
-optimizer's ``iterations`` after the update.
+The interval follows the optimizer's ``iterations`` after the update: a check when it is a
+positive multiple of N (a step the loss scale skipped, or a pass that only accumulates gradients,
+leaves it unchanged, so such a check may repeat: harmless, it only reads). The canary creates no
+variable inside a traced step (that would make TensorFlow trace the user's step twice): its memory
+of what it reported lives on the host. The one counter it needs, the count of
+``DistributedGradientTape`` gradients (a tape has no optimizer), is created the first time a tape
+reduces: if that is inside a ``tf.function``, TensorFlow traces that function once more on its
+first call (as it does for an optimizer whose slots are created there). Creating it in
+``hvd.init()`` would start TensorFlow's runtime there, and Horovod scripts choose their visible
+GPUs after ``hvd.init()``.
 """
 
 from __future__ import annotations
@@ -121,28 +126,40 @@ def _entries(trainable: Sequence[Any], optimizer: Any, extra: Sequence[Any],
 
 @dataclasses.dataclass
 class _Site:
-    """One place the canary runs (an optimizer, a tape's sources): its step counter and, per set
-    of checked variables, which meant-to-differ variables were last reported as differing."""
+    """One place the canary runs (an optimizer, a tape's sources): per set of checked
+    variables, which meant-to-differ variables were last reported as differing.
 
-    counter: tf.Variable
+    Kept on the host, not in a variable: a variable created while a ``tf.function`` traces its
+    first call makes TensorFlow trace the user's step a second time. Every rank updates it from
+    the same allreduced flags, so it is the same on every rank."""
+
     reported: dict = dataclasses.field(default_factory=dict)
 
-    def reported_mask(self, entries: Sequence[Entry]) -> tf.Variable:
+    def should_show(self, entries: Sequence[Entry], meant_differing: frozenset) -> bool:
+        """Whether to describe the meant-to-differ variables now (their set changed). Local."""
         key = tuple(entries)
-        if key not in self.reported:
-            with tf.init_scope():
-                self.reported[key] = tf.Variable(tf.zeros([len(entries)], tf.bool),
-                                                 trainable=False, name="hpcrep_replica_reported")
-        return self.reported[key]
+        changed = self.reported.get(key, frozenset()) != meant_differing
+        self.reported[key] = meant_differing
+        return changed
 
 
-def _new_site() -> _Site:
-    with tf.init_scope():
-        return _Site(tf.Variable(0, dtype=tf.int64, trainable=False, name="hpcrep_replica_step"))
+_tape_counters: dict[tuple, tf.Variable] = {}
+
+
+def _tape_counter(communicator: comm.Communicator) -> tf.Variable:
+    """The count of ``DistributedGradientTape`` gradients reduced over ``communicator``'s ranks
+    (created once, in the outermost context). One per set of ranks: every rank of a process set
+    makes the same calls, ranks outside it make none. Local."""
+    key = tuple(communicator.ranks)
+    if key not in _tape_counters:
+        with tf.init_scope():
+            _tape_counters[key] = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                              name="hpcrep_replica_tape_count")
+    return _tape_counters[key]
 
 
 _optimizer_sites: "weakref.WeakKeyDictionary[Any, _Site]" = weakref.WeakKeyDictionary()
-_tape_sites: dict[tuple, _Site] = {}
+_tape_site = _Site()  # keyed inside by the checked variables' entries
 _models: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 _nesting = threading.local()
 
@@ -177,8 +194,8 @@ def after_apply(optimizer: Any, variables: Any = None) -> None:
     """Every ``HPCREP_CHECK_REPLICAS`` calls, check ``variables`` (default: those the optimizer
     was built on), the optimizer's state and the non-trainable variables of a watched model.
 
-    Adds nothing when the setting is 0. Inside ``tf.function`` the check is a ``tf.cond`` on a
-    counter, so a compiled step checks on every N-th run.
+    Adds nothing when the setting is 0. Inside ``tf.function`` the check is a ``tf.cond`` on the
+    optimizer's ``iterations``, so a compiled step checks on every N-th update.
 
     Collective: every rank of the optimizer's reducing communicator must call this, in the same
     order (ranks outside a ``process_set`` it reduces over skip it).
@@ -198,15 +215,24 @@ def after_apply(optimizer: Any, variables: Any = None) -> None:
     checked, entries = _entries(trainable, optimizer, extra, getattr(reducer, "local", set()))
     site = _optimizer_sites.get(optimizer)
     if site is None:
-        site = _optimizer_sites[optimizer] = _new_site()
-    _every(site, every, lambda: _check(checked, entries, lambda: optimizer.iterations,
-                                       comm.resolve(process_set), site))
+        site = _optimizer_sites[optimizer] = _Site()
+    # The optimizer's own step count after the update (no variable of the canary's: see
+    # _Site). A step the loss scale skipped leaves it where it was, so the check at a multiple
+    # of N may run again on such a step: harmless, it only reads.
+    iterations = tf.convert_to_tensor(optimizer.iterations)
+    due = tf.logical_and(iterations > 0, tf.equal(iterations % every, 0))
+    tf.cond(due, lambda: _check(checked, entries, lambda: optimizer.iterations,
+                                comm.resolve(process_set), site),
+            lambda: tf.constant(False))
 
 
 def after_gradient(sources: Sequence[Any], process_set: Any = None, local: Any = ()) -> None:
-    """Every ``HPCREP_CHECK_REPLICAS`` calls with these ``sources``, check their values (a
-    ``DistributedGradientTape`` has no optimizer: the sources are what it trains). The step
-    reported is this count of calls. Adds nothing when the setting is 0.
+    """Every ``HPCREP_CHECK_REPLICAS`` gradient calls of any ``DistributedGradientTape`` (one
+    count for all tapes, over the same ranks), check the ``sources`` of the call that
+    falls on it (a tape has no optimizer: its sources are what it trains). The step reported is
+    that count. With several tapes a step (a GAN's two), an N that is a multiple of their number
+    always lands on the same tape: pick an N prime to it. Adds nothing when the setting is 0
+    (see the module's note on where the counter is created).
 
     Collective: every rank of ``process_set`` must call this, in the same order.
     """
@@ -220,17 +246,11 @@ def after_gradient(sources: Sequence[Any], process_set: Any = None, local: Any =
     if not variables:
         return
     checked, entries = _entries(variables, None, [], set(local))
-    key = tuple(variable_key(v) for v in checked)
-    site = _tape_sites.get(key)
-    if site is None:
-        site = _tape_sites[key] = _new_site()
-    _every(site, every, lambda: _check(checked, entries, lambda: site.counter,
-                                       comm.resolve(process_set), site))
-
-
-def _every(site: _Site, every: int, check: Callable[[], tf.Tensor]) -> None:
-    count = site.counter.assign_add(1)
-    tf.cond(tf.equal(count % every, 0), check, lambda: tf.constant(False))
+    communicator = comm.resolve(process_set)
+    count = _tape_counter(communicator).assign_add(1)
+    tf.cond(tf.equal(count % every, 0),
+            lambda: _check(checked, entries, lambda: count, communicator, _tape_site),
+            lambda: tf.constant(False))
 
 
 def _common_path(values: Sequence[tf.Tensor], communicator: comm.Communicator
@@ -260,32 +280,32 @@ def _check(variables: Sequence[Any], entries: Sequence[Entry], step: Callable[[]
     values = [tf.convert_to_tensor(v) for v in variables]
     sums, flags, differs, any_nonfinite = _common_path(values, communicator)
     is_checked = tf.constant([e.kind in CHECKED for e in entries])
-    reported = site.reported_mask(entries)
     meant_now = tf.logical_and(differs, tf.logical_not(is_checked))
     diverged = tf.reduce_any(tf.logical_and(differs, is_checked))
-    changed = tf.reduce_any(tf.not_equal(meant_now, reported))
-    alarm = tf.reduce_any(tf.stack([diverged, tf.reduce_any(any_nonfinite), changed]))
+    # Meant-to-differ variables (local batch-norm statistics) take the rare path whenever they
+    # differ; the host then describes them only when their set changed (_Site.should_show).
+    alarm = tf.reduce_any(tf.stack([diverged, tf.reduce_any(any_nonfinite),
+                                    tf.reduce_any(meant_now)]))
+    meant = [e.kind not in CHECKED for e in entries]
 
     def rare_path() -> tf.Tensor:
         def examine(step_v: np.ndarray, sums_v: np.ndarray, differs_v: np.ndarray,
-                    nonfinite_v: np.ndarray, changed_v: np.ndarray, *arrays: np.ndarray) -> list:
+                    nonfinite_v: np.ndarray, *arrays: np.ndarray) -> list:
+            meant_differing = frozenset(i for i, d in enumerate(differs_v) if d and meant[i])
+            show = site.should_show(entries, meant_differing)
             found = _examine(int(step_v), entries, sums_v, differs_v, nonfinite_v, arrays,
-                             communicator, action, bool(changed_v))
+                             communicator, action, show)
             _act_on_host(found, action, int(step_v))
             return [np.array(found.diverged)]
 
         flag = host_call(examine, [tf.cast(step(), tf.int64), sums, differs, any_nonfinite,
-                                   changed, *values], [tf.bool], [tf.TensorShape([])],
+                                   *values], [tf.bool], [tf.TensorShape([])],
                          name="hpcrep_replica_check")[0]
-        with tf.control_dependencies([flag]):
-            remember = reported.assign(meant_now)
         if action == "rebroadcast":
             shared = [v for v, e in zip(variables, entries) if e.kind in CHECKED]
-            with tf.control_dependencies([remember]):
-                return tf.cond(flag, lambda: _rebroadcast(shared, communicator),
-                               lambda: tf.identity(flag))
-        with tf.control_dependencies([remember]):
-            return tf.identity(flag)
+            return tf.cond(flag, lambda: _rebroadcast(shared, communicator),
+                           lambda: tf.identity(flag))
+        return tf.identity(flag)
 
     return tf.cond(alarm, rare_path, lambda: tf.constant(False))
 
