@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", help="rank r writes '<pid> <step>' to PROGRESS.r each step")
     parser.add_argument("--mixed-precision", action="store_true",
                         help="float16 compute with a dynamic loss scale that moves during the run")
+    parser.add_argument("--initial-scale", type=float, default=2.0 ** 15,
+                        help="--mixed-precision: the loss scale to start from (Keras's default)")
     parser.add_argument("--growth-steps", type=int, default=4,
                         help="--mixed-precision: finite steps between doublings of the loss scale")
     parser.add_argument("--requeue", action="store_true",
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     sgd = keras.optimizers.SGD(0.02, momentum=0.9)
     if args.mixed_precision:  # averaged first, then checked: every rank skips the same steps
         opt = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(
-            sgd, dynamic_growth_steps=args.growth_steps))
+            sgd, initial_scale=args.initial_scale, dynamic_growth_steps=args.growth_steps))
     else:
         opt = hvd.DistributedOptimizer(sgd)
     opt.build(model.trainable_variables)
