@@ -7,6 +7,15 @@ weights, optimizer slots, RNG state and the input position (the step; batch ``s`
 is a pure function of ``(s, r)``). Ops are made deterministic, so an interrupted and resumed run
 ends bitwise equal to an uninterrupted one.
 
+With ``--mixed-precision`` the model computes in float16 (Keras's ``mixed_float16`` policy) and
+the optimizer is ``hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(SGD))``: gradients
+are averaged before the loss scale's finiteness check, so every rank skips the same steps. The loss
+scale moves during the run: it doubles after every ``--growth-steps`` finite steps, and at every
+step ``s`` with ``s % 10 == 7`` rank ``(s // 10) % size`` alone feeds an input past float16's
+range, so that step overflows and is skipped everywhere, and the scale halves. The checkpoint holds
+the scale and its step counter (they are optimizer variables), so the resumed run skips and scales
+as the uninterrupted one does.
+
     python -m hpcrep.launch.mpirun -n 4 -- python slurm/examples/train_resumable.py \
         --dir /tmp/run1 --steps 60 --out /tmp/run1/final.npz
 """
@@ -30,7 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
     parser.add_argument("--out", help="rank 0 writes the final weights here (.npz)")
+    parser.add_argument("--out-optimizer", help="rank 0 writes the final optimizer state here")
     parser.add_argument("--progress", help="rank r writes '<pid> <step>' to PROGRESS.r each step")
+    parser.add_argument("--mixed-precision", action="store_true",
+                        help="float16 compute with a dynamic loss scale that moves during the run")
+    parser.add_argument("--initial-scale", type=float, default=2.0 ** 15,
+                        help="--mixed-precision: the loss scale to start from (Keras's default)")
+    parser.add_argument("--growth-steps", type=int, default=4,
+                        help="--mixed-precision: finite steps between doublings of the loss scale")
     parser.add_argument("--requeue", action="store_true",
                         help="on the signal: checkpoint, then scontrol requeue this Slurm job")
     args = parser.parse_args(argv)
@@ -52,9 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     keras.utils.set_random_seed(1234)
     # Op determinism leaves TensorFlow without a global generator; this job draws from one.
     tf.random.set_global_generator(tf.random.Generator.from_seed(1234))
+    if args.mixed_precision:
+        keras.mixed_precision.set_global_policy("mixed_float16")
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
                               keras.layers.Dense(1)])
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9))
+    sgd = keras.optimizers.SGD(0.02, momentum=0.9)
+    if args.mixed_precision:  # averaged first, then checked: every rank skips the same steps
+        opt = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(
+            sgd, initial_scale=args.initial_scale, dynamic_growth_steps=args.growth_steps))
+    else:
+        opt = hvd.DistributedOptimizer(sgd)
     opt.build(model.trainable_variables)
     hvd.broadcast_variables(model.variables + opt.variables, root_rank=0)
     w_true = np.linspace(-1, 1, 8).astype("float32")[:, None]
@@ -76,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         x = rng.normal(size=(args.batch, 8)).astype("float32")
         noise = (np.random.normal(size=(args.batch, 1)) * random.random()).astype("float32")
         noise += 0.01 * tf.random.get_global_generator().normal([args.batch, 1]).numpy()
+        if args.mixed_precision and step % 10 == 7 and rank == (step // 10) % size:
+            x[0, 0] = 1e5  # past float16's largest value: this rank's gradients overflow
         return x, x @ w_true + 0.01 * noise
 
     def save(next_step: int, **meta: int) -> None:
@@ -86,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(start, args.steps):
         x, y = batch(step)
         with tf.GradientTape() as tape:
-            loss_t = tf.reduce_mean(tf.square(model(x, training=True) - y))
-        opt.apply(tape.gradient(loss_t, model.trainable_variables), model.trainable_variables)
+            y_hat = tf.cast(model(x, training=True), tf.float32)
+            loss_t = tf.reduce_mean(tf.square(y_hat - y))
+            scaled = opt.scale_loss(loss_t)  # times the loss scale (plain SGD: unchanged)
+        opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
         loss = float(loss_t)
         if args.progress:
             with open(f"{args.progress}.{rank}", "w") as f:
@@ -107,9 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.sleep)
     signal_watch.ignore()  # finished: a late signal must not kill the job while it exits
     if rank == 0:
-        print(f"done: steps={args.steps} loss={loss:.6f}", flush=True)
+        scale = f" loss_scale={float(opt.dynamic_scale.numpy()):g}" if args.mixed_precision else ""
+        print(f"done: steps={args.steps} loss={loss:.6f} applied={int(opt.iterations.numpy())}"
+              f"{scale}", flush=True)
         if args.out:
             np.savez(args.out, *[v.numpy() for v in model.variables])
+        if args.out_optimizer:  # slots, iterations, and the loss scale with its step counter
+            np.savez(args.out_optimizer, **{f"{i:02d}_{v.name}": v.numpy()
+                                            for i, v in enumerate(opt.variables)})
     hvd.barrier()
     return 0
 

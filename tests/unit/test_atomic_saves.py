@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hpcrep.tensorflow._keras import lr_scale
+from hpcrep.tensorflow._keras.checkpoint_callback import training_state
 from hpcrep.tensorflow.transparent.rank_zero import _write_atomically
 
 
@@ -71,6 +72,29 @@ def test_scaled_learning_rate_is_saved_unscaled(tmp_path):
     model.load_weights(str(tmp_path / "w.weights.h5"))  # the file's (unscaled) rate ...
     lr_scale.rescale_after_load(model.optimizer)         # ... scaled again for this run
     assert float(model.optimizer.learning_rate) == pytest.approx(0.04)
+
+
+def test_a_loss_scale_optimizers_scaled_inner_rate_is_saved_unscaled(tmp_path):
+    """Transparent mode scales the rate of the optimizer that reaches Keras's ``apply``: for a
+    ``LossScaleOptimizer`` (mixed precision), its inner one. Saving the wrapper must still write
+    the unscaled rate, and loading must scale it again."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01)), "mse")
+    lso = model.optimizer
+    lso.build(model.trainable_variables)
+    lr_scale.scale_learning_rate(lso.inner_optimizer, 4)
+    assert float(lso.learning_rate) == pytest.approx(0.04)
+    state = training_state(model, lso)  # hpcrep checkpoints (HPCREP_CHECKPOINT_DIR) ...
+    with lr_scale.unscaled(lso):        # ... and rank 0's Keras saves
+        model.save_weights(str(tmp_path / "w.weights.h5"))
+    assert float(lso.learning_rate) == pytest.approx(0.04)
+    rates = [a for v, a in zip(lso.variables, state["optimizer"]) if v.name == "learning_rate"]
+    assert [float(a) for a in rates] == pytest.approx([0.0, 0.01])  # the wrapper's, the inner's
+    with h5py.File(tmp_path / "w.weights.h5") as f:
+        assert float(f["optimizer/inner_optimizer/vars/1"][()]) == pytest.approx(0.01)
+    model.load_weights(str(tmp_path / "w.weights.h5"))
+    lr_scale.rescale_after_load(lso)
+    assert float(lso.learning_rate) == pytest.approx(0.04)
 
 
 def test_a_name_keras_refuses_is_refused_with_the_users_name(tmp_path):

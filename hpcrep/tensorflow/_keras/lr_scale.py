@@ -10,6 +10,9 @@ script asked for) and loaders call :func:`rescale_after_load` (an optimizer alre
 this process gets its factor back). A resumed run therefore trains at ``base x ranks now``.
 
 Dividing by a factor that is not a power of two may change the last bit of the saved rate.
+An optimizer that wraps another (``LossScaleOptimizer``, which transparent mode reaches only through
+its inner optimizer) is saved with the variables of the one it wraps: :func:`unscaled` and
+:func:`rescale_after_load` act on every scaled rate among ``optimizer.variables``.
 Schedules are not variables: :class:`ScaledSchedule` wraps them and nothing is saved.
 """
 
@@ -64,29 +67,46 @@ def factor(optimizer: Any) -> float:
     return _factors.get(optimizer, 1.0) if optimizer is not None else 1.0
 
 
+def _scaled_rates(optimizer: Any) -> list[tuple[Any, float]]:
+    """``(rate variable, factor)`` for each rate this process scaled that ``optimizer`` saves:
+    its own, or a wrapped optimizer's (those its ``variables`` include)."""
+    if optimizer is None or not _factors:
+        return []
+    saved = {id(v) for v in getattr(optimizer, "variables", ())}
+    found = []
+    for scaled, f in list(_factors.items()):
+        variable = _rate_variable(scaled)
+        if variable is not None and id(variable) in saved:
+            found.append((variable, f))
+    return found
+
+
 @contextlib.contextmanager
 def unscaled(optimizer: Any) -> Iterator[None]:
-    """While the body runs (a save), ``optimizer``'s rate variable holds the unscaled rate;
-    afterwards it holds exactly the scaled value again. Local; a no-op for unscaled optimizers."""
-    f = factor(optimizer)
-    variable = _rate_variable(optimizer) if f != 1.0 else None
-    if variable is None:
+    """While the body runs (a save), the rate variables among ``optimizer``'s variables hold the
+    unscaled rates; afterwards they hold exactly the scaled values again. Local; a no-op for
+    unscaled optimizers."""
+    rates = _scaled_rates(optimizer)
+    if not rates:
         yield
         return
     with tf.init_scope():
-        scaled = variable.numpy()
-        variable.assign(scaled / f)
+        scaled = [variable.numpy() for variable, _ in rates]
+        for (variable, f), value in zip(rates, scaled):
+            variable.assign(value / f)
     try:
         yield
     finally:
         with tf.init_scope():
-            variable.assign(scaled)
+            for (variable, _), value in zip(rates, scaled):
+                variable.assign(value)
 
 
 def rescale_after_load(optimizer: Any) -> None:
-    """After a load wrote an unscaled rate into ``optimizer``, apply its factor again. Local."""
-    f = factor(optimizer)
-    variable = _rate_variable(optimizer) if f != 1.0 else None
-    if variable is not None:
+    """After a load wrote unscaled rates into ``optimizer``'s variables, apply each factor
+    again. Local."""
+    rates = _scaled_rates(optimizer)
+    if rates:
         with tf.init_scope():
-            variable.assign(variable * f)
+            for variable, f in rates:
+                variable.assign(variable * f)
