@@ -4,8 +4,11 @@ the same weights.
 A non-deterministic op, a per-rank update of the user's own, batch-norm statistics or a bug can
 let replicas drift apart silently, and the saved model is rank 0's. The canary runs after the
 optimizer's update (:func:`checks_replicas` wraps ``apply``: ``DistributedOptimizer``, the
-Replicator's ``wrap_optimizer``, transparent mode) and in ``DistributedGradientTape.gradient``
-(:func:`after_gradient`), eagerly and inside ``tf.function``.
+Replicator's ``wrap_optimizer``, transparent mode, a ``LossScaleOptimizer`` that reduces first),
+eagerly and inside ``tf.function``. A custom loop that reduces with ``DistributedGradientTape``
+and applies with a plain optimizer calls :func:`check_replicas` itself: a tape has no step
+count that every rank is sure to share (one counted per process drifts as soon as ranks make
+different calls, as under ``join()``), so the canary does not count tapes.
 
 Common path, no copy of the weights to the host: per variable a checksum (its bits read as
 unsigned integers of the same width, summed with wrap-around: exact, and any single changed bit
@@ -32,12 +35,7 @@ The interval follows the optimizer's ``iterations`` after the update: a check wh
 positive multiple of N (a step the loss scale skipped, or a pass that only accumulates gradients,
 leaves it unchanged, so such a check may repeat: harmless, it only reads). The canary creates no
 variable inside a traced step (that would make TensorFlow trace the user's step twice): its memory
-of what it reported lives on the host. The one counter it needs, the count of
-``DistributedGradientTape`` gradients (a tape has no optimizer), is created the first time a tape
-reduces: if that is inside a ``tf.function``, TensorFlow traces that function once more on its
-first call (as it does for an optimizer whose slots are created there). Creating it in
-``hvd.init()`` would start TensorFlow's runtime there, and Horovod scripts choose their visible
-GPUs after ``hvd.init()``.
+of what it reported lives on the host.
 """
 
 from __future__ import annotations
@@ -126,7 +124,7 @@ def _entries(trainable: Sequence[Any], optimizer: Any, extra: Sequence[Any],
 
 @dataclasses.dataclass
 class _Site:
-    """One place the canary runs (an optimizer, a tape's sources): per set of checked
+    """One place the canary runs (an optimizer): per set of checked
     variables, which meant-to-differ variables were last reported as differing.
 
     Kept on the host, not in a variable: a variable created while a ``tf.function`` traces its
@@ -143,23 +141,7 @@ class _Site:
         return changed
 
 
-_tape_counters: dict[tuple, tf.Variable] = {}
-
-
-def _tape_counter(communicator: comm.Communicator) -> tf.Variable:
-    """The count of ``DistributedGradientTape`` gradients reduced over ``communicator``'s ranks
-    (created once, in the outermost context). One per set of ranks: every rank of a process set
-    makes the same calls, ranks outside it make none. Local."""
-    key = tuple(communicator.ranks)
-    if key not in _tape_counters:
-        with tf.init_scope():
-            _tape_counters[key] = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                              name="hpcrep_replica_tape_count")
-    return _tape_counters[key]
-
-
 _optimizer_sites: "weakref.WeakKeyDictionary[Any, _Site]" = weakref.WeakKeyDictionary()
-_tape_site = _Site()  # keyed inside by the checked variables' entries
 _models: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 _nesting = threading.local()
 
@@ -223,33 +205,6 @@ def after_apply(optimizer: Any, variables: Any = None) -> None:
     due = tf.logical_and(iterations > 0, tf.equal(iterations % every, 0))
     tf.cond(due, lambda: _check(checked, entries, lambda: optimizer.iterations,
                                 comm.resolve(process_set), site),
-            lambda: tf.constant(False))
-
-
-def after_gradient(sources: Sequence[Any], process_set: Any = None, local: Any = ()) -> None:
-    """Every ``HPCREP_CHECK_REPLICAS`` gradient calls of any ``DistributedGradientTape`` (one
-    count for all tapes, over the same ranks), check the ``sources`` of the call that
-    falls on it (a tape has no optimizer: its sources are what it trains). The step reported is
-    that count. With several tapes a step (a GAN's two), an N that is a multiple of their number
-    always lands on the same tape: pick an N prime to it. Adds nothing when the setting is 0
-    (see the module's note on where the counter is created).
-
-    Collective: every rank of ``process_set`` must call this, in the same order.
-    """
-    every = config.get("HPCREP_CHECK_REPLICAS")
-    if every <= 0:
-        return
-    if isinstance(process_set, comm.ProcessSet) and not process_set.included():
-        return
-    variables = [s for s in tf.nest.flatten(sources) if isinstance(s, tf.Variable)
-                 or hasattr(s, "assign")]
-    if not variables:
-        return
-    checked, entries = _entries(variables, None, [], set(local))
-    communicator = comm.resolve(process_set)
-    count = _tape_counter(communicator).assign_add(1)
-    tf.cond(tf.equal(count % every, 0),
-            lambda: _check(checked, entries, lambda: count, communicator, _tape_site),
             lambda: tf.constant(False))
 
 

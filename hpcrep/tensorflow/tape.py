@@ -9,7 +9,6 @@ import tensorflow as tf
 
 from hpcrep.comm.ops import ReduceOp
 from hpcrep.tensorflow.compression import Compression, Compressor
-from hpcrep.tensorflow import replica_check
 from hpcrep.tensorflow.gradients import GradientReducer
 from hpcrep.tensorflow.variables import local_layer_variables, variable_key
 
@@ -41,8 +40,6 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)
         reduced = self._hpcrep_reducer.reduce(flat, tf.nest.flatten(sources), name="tape")
-        replica_check.after_gradient(sources, self._hpcrep_reducer.process_set,
-                                     self._hpcrep_reducer.local)
         return tf.nest.pack_sequence_as(grads, reduced)
 
 

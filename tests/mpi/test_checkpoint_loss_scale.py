@@ -7,11 +7,10 @@ from there equals one more epoch of the run that was never interrupted.
 Covered: the explicit ``CheckpointManager`` with ``training_state``/``load_training_state``,
 ``CheckpointCallback`` (what ``HPCREP_CHECKPOINT_DIR`` adds to a transparent ``fit``) and
 ``hvd.callbacks.BackupAndRestore``; the optimizer wrapped as
-``DistributedOptimizer(LossScaleOptimizer(SGD))`` (gradients averaged before the finiteness check,
-so one rank's overflow is every rank's skip) and as ``compile`` wraps it,
-``LossScaleOptimizer(DistributedOptimizer(SGD))`` (that order checks finiteness before it
-averages, so there every rank gets the same rows: a rank that skipped alone would leave the others
-waiting in the average).
+``DistributedOptimizer(LossScaleOptimizer(SGD))`` and as ``compile`` wraps it,
+``LossScaleOptimizer(DistributedOptimizer(SGD))``; in both the gradients are averaged before the
+finiteness check (:mod:`hpcrep.tensorflow.loss_scale`), so the last rank's overflow is every
+rank's skip.
 """
 
 import keras
@@ -55,11 +54,11 @@ def make_model(order, seed):
 
 def data(order, r, n):
     """This rank's rows; batch OVERFLOW_BATCH holds 1e5, past float16's range, on the last rank
-    (distributed_outside). compile_wraps: every rank the same rows, overflow included."""
-    rng = np.random.default_rng(r if order == "distributed_outside" else 0)
+    only (in either order)."""
+    rng = np.random.default_rng(r)
     x = rng.normal(size=(BATCHES * B, 4)).astype("float32")
     y = (x.sum(axis=1, keepdims=True) * 0.5).astype("float32")
-    if order == "compile_wraps" or r == n - 1:
+    if r == n - 1:
         x[OVERFLOW_BATCH * B] = 1e5
     return x, y
 
