@@ -105,8 +105,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Replica canary: every this many optimizer steps (the outermost optimizer's "
             "iterations; DistributedGradientTape loops call hvd.check_replicas), check that "
             "every rank holds bitwise the same trainable variables and optimizer state (one "
-            "checksum per variable, one small allreduce) and report on every rank which variables differ, on which ranks, by how much, and any NaN/inf. "
-            "0 turns it off (nothing is added to the step). Must be the same on every rank.",
+            "checksum per variable, one small allreduce) and report on every rank which "
+            "variables differ, on which ranks, by how much, and any NaN/inf. 0 turns it off "
+            "(nothing is added to the step). Must be the same on every rank.",
             same_on_all_ranks=True),
     Setting("HPCREP_CHECK_REPLICAS_ACTION", _parse_replica_action, "warn",
             "What the replica canary does when trainable or optimizer-state variables differ "
