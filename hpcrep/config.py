@@ -247,8 +247,8 @@ def digest(values: Values) -> int:
                           "little") >> 2
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
-    """Return ``rank 3`` or ``ranks 0-2, 5``: sorted ranks, runs shortened."""
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Return ``rank 3`` or ``ranks 0-2, 5``: sorted ranks, runs shortened. Local."""
     runs: list[list[int]] = []
     for r in sorted(ranks):
         if runs and r == runs[-1][1] + 1:
@@ -272,7 +272,7 @@ def disagreement(per_rank: Sequence[Values]) -> str:
         tables.setdefault(tuple(name for name, _ in values), []).append(r)
     if len(tables) > 1:
         return ("ranks run different versions of hpcrep: their tables of settings that must "
-                "agree differ (" + "; ".join(f"{_ranks_text(ranks)}: {', '.join(names)}"
+                "agree differ (" + "; ".join(f"{ranks_text(ranks)}: {', '.join(names)}"
                                              for names, ranks in tables.items())
                 + "). Install the same hpcrep on every node.")
     problems = []
@@ -285,7 +285,7 @@ def disagreement(per_rank: Sequence[Values]) -> str:
                 shown += " (the default)"
             holders.setdefault(shown, []).append(r)
         if len(holders) > 1:
-            values_text = "; ".join(f"{_ranks_text(ranks)}: {shown}"
+            values_text = "; ".join(f"{ranks_text(ranks)}: {shown}"
                                     for shown, ranks in holders.items())
             problems.append(f"{name} differs between ranks ({values_text})")
     if not problems:

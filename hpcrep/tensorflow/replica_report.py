@@ -13,6 +13,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from hpcrep.config import ranks_text
+
 TRAINABLE = "trainable"
 OPTIMIZER = "optimizer state"
 NON_TRAINABLE = "non-trainable"
@@ -52,19 +54,6 @@ class Findings:
     def diverged(self) -> bool:
         """True if some trainable or optimizer-state variable differs across ranks."""
         return bool(self.differing)
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    """Return ``rank 3`` or ``ranks 0-2, 5``: sorted ranks, runs shortened. Local."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}"
-                     for a, b in runs)
-    return ("rank " if len(ranks) == 1 else "ranks ") + text
 
 
 def _magnitude(value: float) -> str:
