@@ -179,10 +179,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "TensorFlow's own start-up lines in what hpcrep starts (python -m hpcrep, hpcrep "
             "run, hpcrep bench, python -m hpcrep.launch.mpirun): 'quiet' sets "
             "TF_CPP_MIN_LOG_LEVEL=2 for the ranks (INFO and WARNING lines hidden, errors still "
-            "printed) and, on ranks without a GPU, turns off Grappler's layout optimizer, which "
-            "leaves a graph unchanged on CPUs but prints 'layout failed' for graphs that hold "
-            "hpcrep's compiled allreduce; 'all' sets TF_CPP_MIN_LOG_LEVEL=0 and leaves the "
-            "optimizer on. A TF_CPP_MIN_LOG_LEVEL you set yourself is never changed."),
+            "printed); 'all' sets TF_CPP_MIN_LOG_LEVEL=0. A TF_CPP_MIN_LOG_LEVEL you set "
+            "yourself is never changed."),
 ]}
 
 

@@ -10,7 +10,6 @@ import tensorflow as tf
 from hpcrep import comm, config
 from hpcrep.tensorflow import loss_scale, native
 from hpcrep.tensorflow.devices import pin_gpu
-from hpcrep.tensorflow.tf_log import quiet_layout_optimizer
 
 
 def usable_cores() -> int:
@@ -74,9 +73,8 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
     rank one GPU, ``local_rank % visible GPUs`` (:mod:`hpcrep.tensorflow.devices`;
     ``HPCREP_PIN_GPU=0`` turns that off), make Keras's ``LossScaleOptimizer`` average gradients
     before its finiteness check where it wraps a distributed optimizer
-    (:mod:`hpcrep.tensorflow.loss_scale`), quiet Grappler's layout optimizer where it can do
-    nothing (:mod:`hpcrep.tensorflow.tf_log`; ``HPCREP_TF_LOG``), start the compiled allreduce
-    path's communication thread when it is active (:mod:`hpcrep.tensorflow.native`), and
+    (:mod:`hpcrep.tensorflow.loss_scale`), start the compiled allreduce path's communication
+    thread when it is active (:mod:`hpcrep.tensorflow.native`), and
     register ``process_sets``.
 
     Args:
@@ -92,7 +90,6 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
     loss_scale.install()
     configure_threads()
     pin_gpu()
-    quiet_layout_optimizer()
     if native.active():
         # Start the job's communication thread now, while every rank is here: starting it is
         # collective, and a rank already waiting in join() could not take part later.

@@ -10,7 +10,7 @@ more when its padding is cut off (odd-width biases: small).
 :func:`choose_allreduce_path` decides, at trace time and the same way on every rank, which path
 reduces a group of tensors; two of them reduce fusion buckets:
 
-- **compiled** (:mod:`hpcrep.tensorflow.native`): per bucket, a stateful ``HpcrepAllreduceEnqueue``
+- **compiled** (:mod:`hpcrep.tensorflow.native`): per bucket, a stateful ``HpcrepAllreduceStart``
   packs its tensors and queues the bucket on the communicator's communication thread, and an
   asynchronous ``HpcrepAllreduceWait`` yields the reduced buffer. Automatic control dependencies
   keep the enqueues in program order, so every rank queues the same buckets in the same order;
@@ -194,12 +194,12 @@ def _compiled_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: fl
             "allreduce", params,
             tuple((f"{i}", t.dtype.name, tuple(t.shape.as_list()) if t.shape.rank is not None
                    else ("?",)) for i, t in zip(group, members)))
-        handle = ops.hpcrep_allreduce_enqueue(
+        handle = ops.hpcrep_allreduce_start(
             members, engine=engine, reduce_op=int(op),
             prescale_bits=native.bits(prescale), postscale_bits=native.bits(postscale),
             signature=check.signature_hash(signature),
             description=_describe(tensors, group, op, name),
-            chunk_bytes=int(config.get("HPCREP_ALLREDUCE_CHUNK")), name="hpcrep_allreduce_enqueue")
+            chunk_bytes=int(config.get("HPCREP_ALLREDUCE_CHUNK")), name="hpcrep_allreduce_start")
         flat = _wait(handle, members[0].dtype, -1 if bucket is None else bucket.length)
         if bucket is not None:
             _split_static(bucket, flat, tensors, out)

@@ -54,5 +54,9 @@ def test_quiet_by_default_and_all_brings_tensorflow_lines_back():
 
     loud = run("all")
     assert TF_LINE.search(loud.stderr), loud.stderr
-    if "native True" in loud.stdout:  # the compiled allreduce's graph: the layout optimizer fails
-        assert "layout failed" in loud.stderr, loud.stderr
+    # Grappler optimises graphs that hold the compiled allreduce: no pass gives up on them. (Its
+    # static shape pass used to skip everything after an op whose name holds "Enqueue", taking
+    # it for a queue's, so the layout optimizer and the remapper, whose fused conv/matmul +
+    # bias + activation kernels matter on CPUs, failed on every such graph.)
+    assert "native True" in loud.stdout or os.environ.get("HPCREP_NATIVE") == "off", loud.stdout
+    assert not re.search(r"meta_optimizer\.cc.*failed", loud.stderr), loud.stderr

@@ -1,5 +1,5 @@
-"""A job for test_tf_log.py: an allreduce inside tf.function, the graph that makes Grappler's
-layout optimizer print "layout failed" when hpcrep's compiled allreduce is active. Run under
+"""A job for test_tf_log.py: an allreduce inside tf.function, a graph that holds hpcrep's
+compiled allreduce when it is active (Grappler's passes must succeed on it). Run under
 ``hpcrep run`` (transparent mode, which has called hvd.init()); rank 0 prints."""
 
 import tensorflow as tf

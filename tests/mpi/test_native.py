@@ -209,11 +209,11 @@ def _enqueue_ancestors(overlap: str) -> list[set]:
 
     with setting("HPCREP_FUSION_THRESHOLD", "64"), setting("HPCREP_OVERLAP", overlap):
         graph = tf.function(step).get_concrete_function().graph
-    enqueues = [op for op in graph.get_operations() if op.type == "HpcrepAllreduceEnqueue"]
+    enqueues = [op for op in graph.get_operations() if op.type == "HpcrepAllreduceStart"]
 
     def ancestors(op, seen):
         for parent in [t.op for t in op.inputs] + list(op.control_inputs):
-            if parent not in seen and parent.type != "HpcrepAllreduceEnqueue":
+            if parent not in seen and parent.type != "HpcrepAllreduceStart":
                 seen.add(parent)
                 ancestors(parent, seen)
         return seen

@@ -250,5 +250,5 @@ def bits(value: float) -> int:
 
 
 def ops() -> Any:
-    """Return the loaded op module (``hpcrep_allreduce_enqueue``, ``hpcrep_allreduce_wait``)."""
+    """Return the loaded op module (``hpcrep_allreduce_start``, ``hpcrep_allreduce_wait``)."""
     return _load().ops

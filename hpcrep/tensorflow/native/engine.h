@@ -1,7 +1,7 @@
 // One communication thread per communicator: it calls MPI in the same order on every rank and
 // fuses what is queued.
 //
-// HpcrepAllreduceEnqueue (ops.cc) queues a request; the thread works in cycles. A cycle starts
+// HpcrepAllreduceStart (ops.cc) queues a request; the thread works in cycles. A cycle starts
 // when this rank has something queued (or waits in join()): one small MPI_Iallreduce (MAX) tells
 // every rank how many requests all ranks have queued (the common prefix, up to kMaxBatch), whether
 // the signatures of that prefix agree (cumulative hashes, as hpcrep.comm.check does for one call),

@@ -1,6 +1,6 @@
 // The TensorFlow ops and their kernels.
 //
-// HpcrepAllreduceEnqueue (stateful, synchronous, cheap) packs its inputs into one 64-byte-aligned
+// HpcrepAllreduceStart (stateful, synchronous, cheap) packs its inputs into one 64-byte-aligned
 // buffer, folding in the pre-scale, queues it on its engine and returns a handle. tf.function's
 // automatic control dependencies keep stateful ops in program order, so every rank queues its
 // requests in the same order. HpcrepAllreduceWait (asynchronous) returns the reduced buffer once
@@ -28,9 +28,9 @@ using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::TensorShape;
 
-class EnqueueOp : public OpKernel {
+class StartOp : public OpKernel {
  public:
-  explicit EnqueueOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit StartOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
     OP_REQUIRES_OK(c, c->GetAttr("engine", &engine_));
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &kind_));
@@ -149,7 +149,7 @@ class WaitOp : public AsyncOpKernel {
 
 }  // namespace hpcrep
 
-REGISTER_OP("HpcrepAllreduceEnqueue")
+REGISTER_OP("HpcrepAllreduceStart")
     .Input("tensors: N * T")
     .Output("handle: int64")
     .Attr("T: {float, double, int32, int64, half, bfloat16}")
@@ -176,7 +176,7 @@ REGISTER_OP("HpcrepAllreduceWait")
       return absl::OkStatus();
     });
 
-REGISTER_KERNEL_BUILDER(Name("HpcrepAllreduceEnqueue").Device(tensorflow::DEVICE_CPU),
-                        hpcrep::EnqueueOp);
+REGISTER_KERNEL_BUILDER(Name("HpcrepAllreduceStart").Device(tensorflow::DEVICE_CPU),
+                        hpcrep::StartOp);
 REGISTER_KERNEL_BUILDER(Name("HpcrepAllreduceWait").Device(tensorflow::DEVICE_CPU),
                         hpcrep::WaitOp);

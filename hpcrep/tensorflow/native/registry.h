@@ -1,5 +1,5 @@
 // Engines by id (registered from Python through the C interface) and queued requests by handle
-// (from the Enqueue kernel to the Wait kernel).
+// (from the Start kernel to the Wait kernel).
 
 #ifndef HPCREP_NATIVE_REGISTRY_H_
 #define HPCREP_NATIVE_REGISTRY_H_
