@@ -12,6 +12,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="a report directory written by `hpcrep bench`")
     parser.add_argument("--rederive", action="store_true",
                         help="recompute efficiencies, ratios and the projection first")
+    parser.add_argument("--against", metavar="EARLIER_DIR", default=None,
+                        help="also check every summary ratio against an earlier report's range "
+                             "(bench/reproduce.py)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -31,4 +34,14 @@ def main(args: argparse.Namespace) -> int:
     paths = report_markdown.render(data, args.dir)
     print(report.summary(data))
     print("wrote " + ", ".join(paths))
+    if args.against:
+        from bench import reproduce  # noqa: PLC0415
+
+        earlier = os.path.join(args.against, "report.json")
+        if not os.path.exists(earlier):
+            print(f"hpcrep report: {earlier} does not exist; --against takes a directory "
+                  "written by `hpcrep bench`")
+            return 2
+        with open(earlier) as f:
+            print(reproduce.table(json.load(f), data))
     return 0
