@@ -75,6 +75,7 @@ def test_p2p_store_serves_while_the_host_computes_outside_mpi(world):
         else:
             for _ in range(rounds):
                 store.exchange(np.full(3, 0.5), writer=r, new_steps=1)
+        hc.barrier()  # every rank's exchanges are done
         params, steps = store.read()
         np.testing.assert_array_equal(params, np.ones(3) + 0.5 * rounds * (n - 1))
         assert steps[host] == 0 and all(steps[k] == rounds for k in range(n) if k != host)
