@@ -37,6 +37,13 @@ def _parse_tf_log(text: str) -> str:
     return value
 
 
+def _parse_param_store(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("auto", "window", "p2p"):
+        raise ValueError(f"expected auto, window or p2p; got {text!r}")
+    return value
+
+
 def _parse_every(text: str) -> int:
     value = int(text.strip())
     if value < 0:
@@ -175,6 +182,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_ELASTIC_DIR", str, "",
             "Directory where hvd.elastic states also write each commit (rank 0), and from which "
             "a relaunched job's first sync resumes. Empty: commits stay in memory."),
+    Setting("HPCREP_PARAM_STORE", _parse_param_store, "auto",
+            "Parameter store of the Replicator's asynchronous regime (SyncGroups): 'window' an "
+            "MPI one-sided window on the store rank (MPI.Win.Allocate, passive-target locks); "
+            "'p2p' a thread on the store rank that answers point-to-point requests (for MPIs "
+            "without one-sided windows across the ranks, such as Open MPI 4.1 over TCP); "
+            "'auto' the window where this MPI can create one over the job, else p2p. Must be "
+            "the same on every rank.",
+            same_on_all_ranks=True),
     Setting("HPCREP_TF_LOG", _parse_tf_log, "quiet",
             "TensorFlow's own start-up lines in what hpcrep starts (python -m hpcrep, hpcrep "
             "run, hpcrep bench, python -m hpcrep.launch.mpirun): 'quiet' sets "

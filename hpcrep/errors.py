@@ -90,3 +90,8 @@ class TransparentModeError(HpcrepError, ValueError):
 
 class OneSidedUnavailableError(HpcrepError, RuntimeError):
     """This MPI cannot create the one-sided (RMA) window a feature needs on this communicator."""
+
+
+class ParamStoreUnavailableError(HpcrepError, RuntimeError):
+    """The point-to-point parameter store cannot run in this process (it needs
+    ``MPI_THREAD_MULTIPLE`` for its server thread)."""

@@ -12,15 +12,25 @@ Progress: on one node Open MPI and MPICH serve passive-target operations through
 so the host need not be inside MPI (measured: 100 exchanges complete while the host sleeps). Over
 networks without RDMA an MPI may progress them only when the host calls MPI; the host's own
 exchanges then provide that progress.
+
+Where this MPI has no one-sided window over the ranks (Open MPI 4.1 over TCP across nodes),
+:func:`open_store` gives the point-to-point store of :mod:`hpcrep.comm.param_store_p2p` instead,
+which keeps the same methods and the same atomicity (``HPCREP_PARAM_STORE`` chooses).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import sys
+from typing import Any, Optional, Union
 
 import numpy as np
 
-from hpcrep.errors import CollectiveArgumentError, OneSidedUnavailableError
+from hpcrep import config
+from hpcrep.comm.param_store_p2p import P2PParamStore
+from hpcrep.errors import CollectiveArgumentError, ConfigError, OneSidedUnavailableError
+
+_STORE_CODES = {"auto": 0, "window": 1, "p2p": 2}
+_announced: set[str] = set()
 
 
 class ParamStore:
@@ -35,6 +45,8 @@ class ParamStore:
 
     Collective (construction and :meth:`free`): every rank of ``comm`` must call them.
     """
+
+    kind = "window"
 
     def __init__(self, comm: Any, num_params: int, num_writers: int,
                  initial: Optional[np.ndarray] = None, host: int = 0) -> None:
@@ -131,3 +143,46 @@ def windows_available(comm: Any) -> bool:
         win.Free()
         ok = 1
     return bool(comm.allreduce(ok, op=MPI.MIN))
+
+
+def open_store(comm: Any, num_params: int, num_writers: int,
+               initial: Optional[np.ndarray] = None, host: int = 0
+               ) -> Union[ParamStore, P2PParamStore]:
+    """Create the parameter store that ``HPCREP_PARAM_STORE`` asks for (same arguments as
+    :class:`ParamStore`); rank 0 of ``comm`` says once which store runs.
+
+    ``auto`` (the default): the window store where this MPI can create a one-sided window over
+    ``comm`` (:func:`windows_available`), else the point-to-point store. ``window`` raises
+    :class:`OneSidedUnavailableError` where there is none; ``p2p`` always serves the store from
+    a thread on ``host``.
+
+    Collective: every rank of ``comm`` must call this, in the same order.
+
+    Raises:
+        ConfigError: (on every rank) the ranks hold different values of ``HPCREP_PARAM_STORE``.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    choice = config.get("HPCREP_PARAM_STORE")
+    code = np.array([_STORE_CODES[choice], -_STORE_CODES[choice]], np.int64)
+    comm.Allreduce(MPI.IN_PLACE, code, op=MPI.MAX)  # set after init too (tests): agree anyway
+    if int(code[0]) != -int(code[1]):
+        raise ConfigError(
+            "HPCREP_PARAM_STORE differs between ranks (this rank: "
+            f"{choice!r}); the stores make different MPI calls. Set the same value on every "
+            "rank, or unset it everywhere for 'auto'.")
+    reason = f"HPCREP_PARAM_STORE={choice}"
+    if choice == "auto":
+        windowed = windows_available(comm)
+        choice = "window" if windowed else "p2p"
+        reason = ("this MPI creates one-sided windows over these ranks" if windowed else
+                  "this MPI cannot create a one-sided window over these ranks")
+    cls = ParamStore if choice == "window" else P2PParamStore
+    store = cls(comm, num_params, num_writers, initial, host=host)
+    if comm.Get_rank() == 0 and choice not in _announced:
+        _announced.add(choice)
+        where = ("an MPI one-sided window on rank" if choice == "window" else
+                 "a server thread answering point-to-point requests on rank")
+        print(f"hpcrep: asynchronous regime's parameter store: {choice} ({where} {host}; "
+              f"{reason})", file=sys.stderr, flush=True)
+    return store

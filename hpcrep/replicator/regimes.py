@@ -12,7 +12,9 @@ keeps it. Outside those calls collectives span the job, and ``hvd.rank()``/``hvd
 describe the job (``ReplicaContext.replica_id``/``num_replicas`` describe the group).
 
 The groups share their parameters through a parameter store on one rank
-(:class:`hpcrep.comm.param_store.ParamStore`, an MPI window with passive-target locks). Every
+(:func:`hpcrep.comm.param_store.open_store`: an MPI window with passive-target locks, or where
+this MPI has no one-sided window over the ranks, a thread on the store rank answering
+point-to-point requests; ``HPCREP_PARAM_STORE`` chooses). Every
 ``exchange_every`` steps the group's first rank atomically adds the group's *delta* (how far its
 trainable variables moved since its previous exchange, times ``delta_scale``) to the store and
 takes back the store's value, then broadcasts it within the group, whose replicas adopt it.
@@ -41,7 +43,7 @@ import tensorflow as tf
 from hpcrep.comm import collectives as host_collectives
 from hpcrep.comm import groups
 from hpcrep.comm.communicator import Communicator
-from hpcrep.comm.param_store import ParamStore
+from hpcrep.comm.param_store import open_store
 from hpcrep.errors import ReplicatorError
 from hpcrep.tensorflow.bridge import host_call
 
@@ -104,10 +106,12 @@ class GroupRuntime:
     def __init__(self, config: SyncGroups) -> None:
         self.config = config
         self.layout = groups.split(config.num_groups)
-        self.store: Optional[ParamStore] = None
+        self.store: Optional[Any] = None  # ParamStore or P2PParamStore
         self.variables: list[Any] = []
         self.steps: Optional[tf.Variable] = None
         self._anchor: Optional[np.ndarray] = None
+        self.initial: Optional[np.ndarray] = None   # the store's first value (flat float64)
+        self.pushed: Optional[np.ndarray] = None    # sum of the deltas this rank pushed
         self._reported = 0
         self.group_steps = np.zeros(config.num_groups, np.int64)
         self.exchanges = 0
@@ -132,8 +136,8 @@ class GroupRuntime:
                 "single `with replicator.scope():` block.")
         self.variables = [v for v in variables if v.dtype.is_floating and v.trainable]
         flat = self._flatten([np.asarray(v.numpy()) for v in self.variables])
-        self._anchor = flat.copy()
-        self.store = ParamStore(self.layout.parent.comm, flat.size, self.config.num_groups, flat,
+        self._anchor, self.initial, self.pushed = flat.copy(), flat.copy(), np.zeros_like(flat)
+        self.store = open_store(self.layout.parent.comm, flat.size, self.config.num_groups, flat,
                                 host=self.config.store_rank)
         with tf.init_scope():
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -154,6 +158,7 @@ class GroupRuntime:
             steps_now = int(step)
             params, counts = self.store.exchange(delta, self.layout.group_id,
                                                  steps_now - self._reported)
+            self.pushed += delta
             self._reported = steps_now
             self._anchor = params.copy()
             payload[:n], payload[n:] = params, counts

@@ -301,14 +301,29 @@ class Replicator:
 
     def group_stats(self) -> dict:
         """Asynchronous regime: steps of every group at this group's last exchange, the largest
-        step difference between groups seen at any exchange, and this rank's exchange count.
-        Local.
+        step difference between groups seen at any exchange, this rank's exchange count, and
+        which parameter store runs (``"window"`` or ``"p2p"``). Local.
         """
         if not self._group:
             return {"group_steps": [], "max_divergence": 0, "exchanges": 0}
         g = self._group
         return {"group_id": g.layout.group_id, "group_steps": g.group_steps.tolist(),
-                "max_divergence": g.max_divergence, "exchanges": g.exchanges}
+                "max_divergence": g.max_divergence, "exchanges": g.exchanges,
+                "param_store": g.store.kind if g.store is not None else None}
+
+    def store_ledger(self) -> dict:
+        """Asynchronous regime: the store's first parameters (``initial``), the sum of the deltas
+        this rank pushed (``pushed``; zeros on ranks that are not their group's first) and the
+        store's parameters now (``store``), as flat float64 numpy arrays. Once every group has
+        pushed its last delta (after :meth:`join`), ``store`` is ``initial`` plus the sum of
+        ``pushed`` over the ranks. Empty in the synchronous regime. Local: reads the store
+        without involving any other rank.
+        """
+        if not self._group or self._group.store is None:
+            return {}
+        g = self._group
+        return {"initial": g.initial.copy(), "pushed": g.pushed.copy(),
+                "store": g.store.read()[0].copy()}
 
     def close(self) -> None:
         """Release the regime's resources (the asynchronous regime's store and group).

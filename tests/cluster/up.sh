@@ -156,7 +156,10 @@ CONF
   fi
   mkdir -p /run/munge && chown munge:munge /run/munge
   if ! munge -n </dev/null >/dev/null 2>&1; then
-    runuser -u munge -- /usr/sbin/munged
+    # munged outlives the cluster (down.sh leaves it running), so it must not inherit our file
+    # descriptors: with `flock LOCK -c 'up.sh ...; down.sh'` it would hold LOCK for its whole life.
+    (for fd in $(seq 3 63); do eval "exec $fd>&-"; done 2>/dev/null
+     exec runuser -u munge -- /usr/sbin/munged)
     for _ in $(seq 50); do munge -n </dev/null >/dev/null 2>&1 && break; sleep 0.1; done
   fi
   /usr/sbin/slurmctld -f "$SLURM_CONF" -i || fail "slurmctld did not start; see $CLUSTER_DIR/log/slurmctld.log"

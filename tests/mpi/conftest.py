@@ -122,3 +122,20 @@ def one_sided_windows(skip_missing):
                      f"{hc.size()} local ranks; {hc.mpi_library_version().splitlines()[0]})")
     pytest.skip("this MPI cannot create one-sided windows across nodes (Open MPI 4.1 over TCP): "
                 "the asynchronous regime runs within one node here")
+
+
+@pytest.fixture(params=["window", "p2p"])
+def param_store(request, monkeypatch):
+    """Run the test against each parameter store of the asynchronous regime; returns its kind.
+
+    ``window``: ``HPCREP_PARAM_STORE`` unset (``auto``), so the test also checks that auto picks
+    the window store where windows exist; needs them (:func:`one_sided_windows`: skips across
+    nodes without them, fails on one node under CI=true). ``p2p``: forced with
+    ``HPCREP_PARAM_STORE=p2p`` (runs everywhere). Every rank sets the same value.
+    """
+    if request.param == "window":
+        request.getfixturevalue("one_sided_windows")
+        monkeypatch.delenv("HPCREP_PARAM_STORE", raising=False)
+    else:
+        monkeypatch.setenv("HPCREP_PARAM_STORE", "p2p")
+    return request.param

@@ -233,8 +233,9 @@ def test_cross_replica_batch_norm_uses_global_moments(world, rep):
     np.testing.assert_allclose(layer.moving_mean.numpy(), mean, rtol=1e-5, atol=1e-5)
 
 
-def test_async_groups_within_test_world(world, one_sided_windows):
-    """Sync groups: primitives span the group; after join() every rank holds the store's value."""
+def test_async_groups_within_test_world(world, param_store):
+    """Sync groups: primitives span the group; after join() every rank holds the store's value,
+    which is the initial value plus every delta the groups pushed (on both stores)."""
     r, n = world
     groups = 2 if n >= 2 else 1
     x, y = global_data(n, seed=5)
@@ -272,6 +273,14 @@ def test_async_groups_within_test_world(world, one_sided_windows):
         assert in_group.numpy()[0] == arep.num_replicas_in_sync  # the group, when asked for
         steps = arep.join()
         assert list(steps) == [30] * groups
+        assert arep.group_stats()["param_store"] == param_store
+        ledger = arep.store_ledger()
+        pushed = hvd.allreduce(tf.constant(ledger["pushed"]), op=hvd.Sum).numpy()
+        np.testing.assert_allclose(ledger["store"], ledger["initial"] + pushed, rtol=1e-12,
+                                   atol=1e-12)
+        assert np.abs(pushed).max() > 1e-3  # the groups did move the store
+        np.testing.assert_array_equal(w.numpy().reshape(-1),
+                                      ledger["store"].astype(np.float32))
     assert hvd.size() == n
     final = hvd.allgather_object(w.numpy())
     for other in final[1:]:
@@ -281,7 +290,7 @@ def test_async_groups_within_test_world(world, one_sided_windows):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_async_group_primitives_span_the_group_with_job_ranks(world, compiled, one_sided_windows):
+def test_async_group_primitives_span_the_group_with_job_ranks(world, compiled, param_store):
     """In a sync group every primitive, reduce() and hvd.* collective called by step_fn see only
     the group (the communicator is bound when the step is traced), while hvd.rank() stays the
     job rank."""
@@ -307,6 +316,7 @@ def test_async_group_primitives_span_the_group_with_job_ranks(world, compiled, o
         v = {k: t.numpy() for k, t in out.values[0].items()}
         total = arep.reduce("sum", PerReplica((tf.constant(1.0),)))
         arep.join()
+        assert arep.group_stats()["param_store"] == param_store
     assert (int(v["id"]), int(v["n"]), int(v["rank"])) == (members.index(r), len(members), r)
     np.testing.assert_array_equal(v["gather"], np.concatenate(
         [np.full((k + 1, 2), float(k)) for k in members]))
