@@ -90,3 +90,8 @@ class TransparentModeError(HpcrepError, ValueError):
 
 class OneSidedUnavailableError(HpcrepError, RuntimeError):
     """This MPI cannot create the one-sided (RMA) window a feature needs on this communicator."""
+
+
+class LaunchOptionError(HpcrepError, ValueError):
+    """``hpcrep run`` was given options it cannot launch with (bad host list or hostfile, more
+    ranks than slots, an option whose feature is not built yet); checked before anything runs."""
