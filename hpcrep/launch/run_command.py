@@ -46,11 +46,12 @@ class FeatureOption:
 
 # When a feature lands, its setting enters hpcrep/config.py's table and the option starts to
 # work: nothing to change here.
+_RELAUNCH = "give a fixed -np; a relaunched job resumes from HPCREP_ELASTIC_DIR or a checkpoint"
 FEATURE_OPTIONS: tuple[FeatureOption, ...] = (
     FeatureOption("min_np", "--min-np", "HPCREP_ELASTIC_MIN_NP", "elastic training (issue 22)",
-                  "give a fixed -np; a relaunched job resumes from HPCREP_ELASTIC_DIR or a checkpoint"),
+                  _RELAUNCH),
     FeatureOption("max_np", "--max-np", "HPCREP_ELASTIC_MAX_NP", "elastic training (issue 22)",
-                  "give a fixed -np; a relaunched job resumes from HPCREP_ELASTIC_DIR or a checkpoint"),
+                  _RELAUNCH),
     FeatureOption("timeline_filename", "--timeline-filename", "HPCREP_TIMELINE",
                   "the timeline (issue 23)",
                   "use TensorFlow's profiler (tf.profiler.experimental)"),
@@ -172,21 +173,22 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
     transparent, found, reason = _mode(options)
     command = rank_command(script, args, python, transparent)
     extra = shlex.split(options.mpi_args or "")
-    hosts, given = _hosts(options)
     launcher = options.launcher
     if launcher == "auto":
         launcher = "srun" if environment.slurm(environ).in_allocation else "mpirun"
     if launcher == "srun":
-        if hosts:
-            raise LaunchOptionError(f"{given.split()[0]} cannot be used with srun: inside a "
-                                    "Slurm allocation the allocation places the ranks; leave it "
-                                    "out, or add --launcher mpirun to place them yourself")
+        if options.hosts or options.hostfile:
+            flag = "-H" if options.hosts else "--hostfile"
+            raise LaunchOptionError(f"{flag} cannot be used with srun: inside a Slurm "
+                                    "allocation the allocation places the ranks; leave it out, "
+                                    "or add --launcher mpirun to place them yourself")
         try:
             family = flavor(mpirun or find_mpirun())[0]
         except FileNotFoundError:
             family = "openmpi"
         argv = srun.srun_command(options.np, [*extra, *command], srun.mpi_plugin(family))
         return Launch(argv, script, dict(settings), transparent, found, reason)
+    hosts, given = _hosts(options)
     n = hostlists.check_ranks(options.np, hosts, given) if hosts else options.np
     if n is None:
         raise LaunchOptionError("give the number of ranks: hpcrep run -np N script.py (outside "
@@ -220,7 +222,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="autotuning: not available yet")
     parser.add_argument("--mpi-args", default=None, metavar="'ARGS'",
                         help="extra arguments for the launcher (mpirun; srun inside Slurm), "
-                             "passed as they are")
+                             "passed as they are; one that starts with '-' and has no space: "
+                             "--mpi-args=--cpu-bind=none")
     parser.add_argument("--transparent", action=argparse.BooleanOptionalAction, default=None,
                         help="run in transparent mode or not (default: read the script)")
     parser.add_argument("--verbose", action="store_true",

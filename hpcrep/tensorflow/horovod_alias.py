@@ -61,7 +61,7 @@ class _AliasLoader(importlib.abc.Loader):
             return
         real = importlib.import_module(target(name) or name)
         sys.modules[name] = real
-        self._finder.announce(name, real.__name__)
+        self._finder.announce()
 
 
 class HorovodAliasFinder(importlib.abc.MetaPathFinder):
@@ -83,16 +83,17 @@ class HorovodAliasFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, self._loader,
                                               is_package=fullname == ROOT)
 
-    def announce(self, name: str, real: str) -> None:
-        """Print, once and on rank 0 only, that Horovod's module ``name`` is hpcrep's ``real``."""
+    def announce(self) -> None:
+        """Print, once and on rank 0 only, that Horovod's names are hpcrep's modules."""
         if self.announced:
             return
         self.announced = True
         from mpi4py import MPI  # noqa: PLC0415 - hpcrep.tensorflow has initialised MPI by now
 
         if MPI.COMM_WORLD.Get_rank() == 0:
-            print(f"hpcrep: Horovod is not installed; {name} is {real} (horovod.tensorflow and "
-                  "horovod.keras map to hpcrep's modules)", file=sys.stderr, flush=True)
+            print("hpcrep: Horovod is not installed here; horovod.tensorflow and horovod.keras "
+                  "are hpcrep.tensorflow and hpcrep.tensorflow.keras (hpcrep's horovod alias)",
+                  file=sys.stderr, flush=True)
 
 
 def horovod_installed() -> bool:
