@@ -4,13 +4,15 @@ rank's own shard of a fixed batch, as a Horovod user writes it.
 
 Writes ``OUT/rank<r>.npz``: ``w0`` (the weights after the broadcast from rank 0), ``expected`` (w0
 minus lr times the gradient of the mean loss over the WHOLE batch, computed here without
-communication), ``w1`` (after one training step), ``final`` (after a few more) and ``losses``.
+communication), ``w1`` (after one training step), ``final`` (after a few more), ``losses``
+and ``host``.
 With gradients averaged once over equal shards, ``w1 == expected``; run in transparent mode the
 shard is sharded again, and the step follows half the data."""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import numpy as np
@@ -46,7 +48,7 @@ def main(hvd) -> None:
     history = model.fit(xs, ys, batch_size=len(xs), epochs=STEPS, shuffle=False, verbose=0)
     final = [v.numpy() for v in model.trainable_variables]
     os.makedirs(out, exist_ok=True)
-    np.savez(os.path.join(out, f"rank{rank}.npz"), size=size,
+    np.savez(os.path.join(out, f"rank{rank}.npz"), size=size, host=socket.gethostname(),
              losses=np.array([float(loss)] + history.history["loss"]),
              **{f"{name}{i}": a for name, arrays in
                 (("w0_", w0), ("expected_", expected), ("w1_", w1), ("final_", final))

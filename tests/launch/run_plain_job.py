@@ -1,9 +1,11 @@
 """An unchanged single-process Keras script (no hpcrep, no Horovod): ``fit`` a small Dense model on
 a fixed regression set. ``hpcrep run`` must run it in transparent mode. Prints the first and last
-epoch loss (stdout, rank 0 in transparent mode) and a digest of the final weights on stderr (every
-rank: transparent mode leaves stderr alone), so a test can see that every rank ends equal."""
+epoch loss (stdout, rank 0 in transparent mode) and a digest of the final weights and the host
+on stderr (every rank: transparent mode leaves stderr alone), so a test can see that every rank
+ends equal."""
 
 import hashlib
+import socket
 import sys
 
 import keras
@@ -18,4 +20,4 @@ model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
 history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
 print(f"train loss {history.history['loss'][0]:.4f} -> {history.history['loss'][-1]:.4f}")
 digest = hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights()))
-sys.stderr.write(f"weights-digest {digest.hexdigest()}\n")
+sys.stderr.write(f"weights-digest {digest.hexdigest()} on {socket.gethostname()}\n")
