@@ -3,6 +3,10 @@
 Start it on every rank (``mpirun -n 4 python -m hpcrep train.py``, ``srun``, or
 ``hpcrep run -n 4 train.py``). The script runs as ``python script.py`` would, inside
 :func:`hpcrep.tensorflow.transparent`; ``python -m hpcrep -m package.module [args]`` runs a module.
+``python -m hpcrep --no-transparent script.py`` runs a script that distributes its own training
+(``hpcrep.tensorflow`` or Horovod's API) without transparent mode, with ``horovod.*`` mapped to
+hpcrep's modules where Horovod is not installed (:mod:`hpcrep.tensorflow.horovod_alias`);
+``hpcrep run`` chooses between the two by reading the script.
 An unhandled exception on any rank aborts every rank (see :mod:`hpcrep.launch.runner`).
 """
 
@@ -11,11 +15,19 @@ from __future__ import annotations
 import sys
 from typing import ContextManager
 
+EXPLICIT_FLAG = "--no-transparent"
+
 
 def _transparent() -> ContextManager:
     from hpcrep.tensorflow.transparent import transparent  # noqa: PLC0415 - imports TensorFlow
 
     return transparent()
+
+
+def _explicit() -> ContextManager:
+    from hpcrep.tensorflow.horovod_alias import horovod_alias  # noqa: PLC0415
+
+    return horovod_alias()
 
 
 if __name__ == "__main__":
@@ -26,4 +38,7 @@ if __name__ == "__main__":
     set_tf_log_level(os.environ)  # before the script imports TensorFlow (HPCREP_TF_LOG)
     from hpcrep.launch.runner import main
 
-    sys.exit(main(sys.argv[1:], context=_transparent))
+    argv = sys.argv[1:]
+    explicit = argv[:1] == [EXPLICIT_FLAG]
+    sys.exit(main(argv[1:] if explicit else argv,
+                  context=_explicit if explicit else _transparent))

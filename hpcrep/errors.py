@@ -95,3 +95,8 @@ class OneSidedUnavailableError(HpcrepError, RuntimeError):
 class ParamStoreUnavailableError(HpcrepError, RuntimeError):
     """The point-to-point parameter store cannot run in this process (it needs
     ``MPI_THREAD_MULTIPLE`` for its server thread)."""
+
+
+class LaunchOptionError(HpcrepError, ValueError):
+    """``hpcrep run`` was given options it cannot launch with (bad host list or hostfile, more
+    ranks than slots, an option whose feature is not built yet); checked before anything runs."""

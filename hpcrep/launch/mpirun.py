@@ -85,6 +85,15 @@ def mpirun_command(n: int, command: Sequence[str], mpirun: Optional[str] = None,
     return argv + list(extra) + list(command)
 
 
+def env_arguments(settings: Sequence[tuple[str, str]], mpi_family: str) -> list[str]:
+    """Return the ``mpirun`` arguments that set each ``(name, value)`` of ``settings`` on every
+    rank, remote nodes included: MPICH ``-genv NAME VALUE``, else Open MPI ``-x NAME=VALUE``."""
+    argv: list[str] = []
+    for name, value in settings:
+        argv += ["-genv", name, value] if mpi_family == "mpich" else ["-x", f"{name}={value}"]
+    return argv
+
+
 def mpirun_env(env: Optional[dict] = None) -> dict:
     """Return a copy of ``env`` (default: os.environ) with what Open MPI needs to run as root and
     TensorFlow's log level for the ranks (``HPCREP_TF_LOG``, :mod:`hpcrep.launch.tf_log`); values

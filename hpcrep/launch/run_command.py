@@ -1,54 +1,233 @@
-"""``hpcrep run -n N script.py [args]``: start ``python -m hpcrep script.py`` on N ranks.
+"""``hpcrep run``: start a script on N ranks, with horovodrun's options.
 
 Outside Slurm it uses :func:`hpcrep.launch.mpirun.mpirun_command` (the flags this MPI needs to run
-as root and with more ranks than cores); inside an allocation (``SLURM_JOB_ID`` set) it asks
+as root and with more ranks than cores) and places ranks on the hosts of ``-H``/``--hostfile``
+(:mod:`hpcrep.launch.hosts`); inside an allocation (``SLURM_JOB_ID`` set) it asks
 :mod:`hpcrep.slurm` for the ``srun`` command, with the PMI plugin that matches the MPI.
+
+Each rank runs ``python -m hpcrep script`` (transparent mode) when the script does not use the
+explicit API, else ``python -m hpcrep --no-transparent script`` (as it is, with ``horovod.*``
+mapped to hpcrep where Horovod is missing); :mod:`hpcrep.launch.script_api` reads the script to
+choose, ``--transparent``/``--no-transparent`` override it. Options of features not built yet
+are in :data:`FEATURE_OPTIONS`: passed to every rank as their setting once it exists in
+:mod:`hpcrep.config`, refused (exit 2) until then, never ignored.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import shutil
+import re
+import shlex
 import subprocess
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-from hpcrep.launch.mpirun import find_mpirun, flavor, mpirun_command, mpirun_env
+from hpcrep import config
+from hpcrep.errors import LaunchOptionError
+from hpcrep.launch import hosts as hostlists
+from hpcrep.launch.mpirun import env_arguments, find_mpirun, flavor, mpirun_command, mpirun_env
+from hpcrep.launch.script_api import EXPLICIT_MODULES, ExplicitImport, script_imports
 from hpcrep.slurm import environment, srun
 
 
-def rank_command(script: str, args: Sequence[str], python: str = sys.executable) -> list[str]:
-    """Return what each rank runs: ``python -m hpcrep script args``."""
-    return [python, "-m", "hpcrep", script, *args]
+@dataclasses.dataclass(frozen=True)
+class FeatureOption:
+    """A horovodrun option whose feature is not built yet: the setting it will set on every rank,
+    the issue that builds it, and what to use meanwhile."""
+
+    dest: str
+    flag: str
+    setting: str
+    feature: str
+    instead: str
 
 
-def build_command(n: Optional[int], script: str, args: Sequence[str], launcher: str = "auto",
-                  environ: Optional[Mapping[str, str]] = None) -> list[str]:
-    """Return the full launch argv for ``hpcrep run``.
+# When a feature lands, its setting enters hpcrep/config.py's table and the option starts to
+# work: nothing to change here.
+_RELAUNCH = "give a fixed -np; a relaunched job resumes from HPCREP_ELASTIC_DIR or a checkpoint"
+FEATURE_OPTIONS: tuple[FeatureOption, ...] = (
+    FeatureOption("min_np", "--min-np", "HPCREP_ELASTIC_MIN_NP", "elastic training (issue 22)",
+                  _RELAUNCH),
+    FeatureOption("max_np", "--max-np", "HPCREP_ELASTIC_MAX_NP", "elastic training (issue 22)",
+                  _RELAUNCH),
+    FeatureOption("timeline_filename", "--timeline-filename", "HPCREP_TIMELINE",
+                  "the timeline (issue 23)",
+                  "use TensorFlow's profiler (tf.profiler.experimental)"),
+    FeatureOption("autotune", "--autotune", "HPCREP_AUTOTUNE", "autotuning (issue 28)",
+                  "set HPCREP_FUSION_THRESHOLD and HPCREP_ALLREDUCE_CHUNK by hand"),
+)
+
+_PYTHON = re.compile(r"^python[0-9.]*$")
+
+EPILOG = """\
+examples:
+  hpcrep run -np 4 train.py --epochs 3          4 local ranks (srun inside a Slurm allocation)
+  hpcrep run -np 4 -H node1:2,node2:2 train.py  2 ranks on each of two hosts
+  hpcrep run -np 8 --hostfile hosts.txt train.py     lines 'node1 slots=4' (or 'node1:4')
+  hpcrep run -np 4 python train.py              horovodrun's form: the ranks use that python
+  hpcrep run -np 2 --mpi-args "--mca btl tcp,self" train.py    extra mpirun arguments
+  hpcrep run -np 4 --verbose --dry-run train.py    show the mode chosen and the command
+
+mode: a script that imports hpcrep.tensorflow, hpcrep.keras or horovod.* (anywhere in it)
+runs as it is, on every rank (python -m hpcrep --no-transparent); horovod.tensorflow and
+horovod.keras are hpcrep's modules there when Horovod is not installed. Any other script runs
+in transparent mode (python -m hpcrep). --transparent / --no-transparent override the choice.
+
+horovodrun -> hpcrep run: -np/--num-proc, -H/--hosts, --hostfile, --verbose, --mpi-args: the
+same. --min-np/--max-np (elastic), --timeline-filename, --autotune: refused with a message
+until their features exist, then passed to every rank as their HPCREP_* setting.
+
+inside a Slurm allocation srun starts the ranks where the allocation is, so -H and --hostfile
+are an error there (a warning would run ranks elsewhere than you asked): leave them out, or use
+--launcher mpirun to place ranks yourself.
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What ``hpcrep run`` starts: the launcher's argv, settings for its environment, the mode
+    and the imports that chose it."""
+
+    argv: list[str]
+    script: str
+    env: dict[str, str]
+    transparent: bool
+    found: tuple[ExplicitImport, ...]
+    reason: str
+
+
+def rank_command(script: str, args: Sequence[str], python: str = sys.executable,
+                 transparent: bool = True) -> list[str]:
+    """Return what each rank runs: ``python -m hpcrep [--no-transparent] script args``."""
+    mode = [] if transparent else ["--no-transparent"]
+    return [python, "-m", "hpcrep", *mode, script, *args]
+
+
+def feature_settings(options: argparse.Namespace) -> list[tuple[str, str]]:
+    """Return ``(setting, value)`` for each option of :data:`FEATURE_OPTIONS` that was given.
 
     Raises:
-        ValueError: ``n`` < 1, or no rank count outside Slurm.
+        LaunchOptionError: a given option's setting is not in :mod:`hpcrep.config`'s table yet.
     """
-    if n is not None and n < 1:
-        raise ValueError(f"-n must be at least 1, got {n}")
-    slurm = environment.slurm(environ)
+    out = []
+    for f in FEATURE_OPTIONS:
+        value = getattr(options, f.dest, None)
+        if value is None or value is False:
+            continue
+        if f.setting not in config.SETTINGS:
+            raise LaunchOptionError(f"{f.flag} is not available yet: {f.feature} is not built "
+                                    f"(it will set {f.setting} on every rank). Meanwhile "
+                                    f"{f.instead}.")
+        out.append((f.setting, "1" if value is True else str(value)))
+    return out
+
+
+def _mode(options: argparse.Namespace) -> tuple[bool, tuple[ExplicitImport, ...], str]:
+    if options.transparent is not None:
+        flag = "--transparent" if options.transparent else "--no-transparent"
+        return options.transparent, (), f"{flag} given"
+    found = tuple(script_imports(options.script))
+    if not found:
+        return True, (), (f"{options.script} imports none of {', '.join(EXPLICIT_MODULES)}: "
+                          "transparent mode")
+    where = ", ".join(f"{f.module} (line {f.line})" for f in found)
+    return False, found, f"{options.script} imports {where}: explicit API, run as it is"
+
+
+def _hosts(options: argparse.Namespace) -> tuple[list[hostlists.Host], str]:
+    if options.hosts:
+        return hostlists.parse_hosts(options.hosts), f"-H {options.hosts}"
+    if options.hostfile:
+        return hostlists.read_hostfile(options.hostfile), f"--hostfile {options.hostfile}"
+    return [], ""
+
+
+def _python_and_script(options: argparse.Namespace) -> tuple[str, str, list[str]]:
+    """horovodrun's ``... python train.py`` form: the ranks run that python."""
+    script, args = options.script, list(options.args)
+    if not _PYTHON.match(os.path.basename(script)):
+        return sys.executable, script, args
+    if not args or args[0].startswith("-"):
+        raise LaunchOptionError(f"give the script right after {script} (hpcrep run -np 2 "
+                                f"{script} train.py); python options are not passed")
+    return script, args[0], args[1:]
+
+
+def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str]] = None,
+                 mpirun: Optional[str] = None) -> Launch:
+    """Return what ``hpcrep run`` with ``options`` (its parsed arguments) starts. Reads the
+    script (to choose the mode) and a hostfile; starts nothing.
+
+    Raises:
+        LaunchOptionError: a bad rank count, host list or hostfile, more ranks than slots, hosts
+            under srun, an option not available yet, or a script that cannot be read.
+        FileNotFoundError: no mpirun is installed (outside Slurm).
+    """
+    if options.np is not None and options.np < 1:
+        raise LaunchOptionError(f"-np must be at least 1, got {options.np}")
+    python, script, args = _python_and_script(options)
+    options = argparse.Namespace(**{**vars(options), "script": script, "args": args})
+    settings = feature_settings(options)
+    transparent, found, reason = _mode(options)
+    command = rank_command(script, args, python, transparent)
+    extra = shlex.split(options.mpi_args or "")
+    launcher = options.launcher
     if launcher == "auto":
-        launcher = "srun" if slurm.in_allocation else "mpirun"
-    command = rank_command(script, args)
+        launcher = "srun" if environment.slurm(environ).in_allocation else "mpirun"
     if launcher == "srun":
-        family = flavor(find_mpirun())[0] if shutil.which("mpirun") else "openmpi"
-        return srun.srun_command(n, command, srun.mpi_plugin(family))
+        if options.hosts or options.hostfile:
+            flag = "-H" if options.hosts else "--hostfile"
+            raise LaunchOptionError(f"{flag} cannot be used with srun: inside a Slurm "
+                                    "allocation the allocation places the ranks; leave it out, "
+                                    "or add --launcher mpirun to place them yourself")
+        try:
+            family = flavor(mpirun or find_mpirun())[0]
+        except FileNotFoundError:
+            family = "openmpi"
+        argv = srun.srun_command(options.np, [*extra, *command], srun.mpi_plugin(family))
+        return Launch(argv, script, dict(settings), transparent, found, reason)
+    hosts, given = _hosts(options)
+    n = hostlists.check_ranks(options.np, hosts, given) if hosts else options.np
     if n is None:
-        raise ValueError("give the number of ranks: hpcrep run -n N script.py (outside Slurm "
-                         "there is no allocation to take it from)")
-    return mpirun_command(n, command)
+        raise LaunchOptionError("give the number of ranks: hpcrep run -np N script.py (outside "
+                                "Slurm there is no allocation to take it from)")
+    mpirun = mpirun or find_mpirun()
+    family = flavor(mpirun)[0]
+    extra = (hostlists.host_arguments(hosts, family) if hosts else []) + \
+        env_arguments(settings, family) + extra
+    return Launch(mpirun_command(n, command, mpirun=mpirun, extra=extra), script, dict(settings),
+                  transparent, found, reason)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Add ``hpcrep run``'s arguments."""
-    parser.add_argument("-n", "--np", type=int, default=None,
-                        help="number of ranks (inside Slurm: default all tasks of the allocation)")
+    """Add ``hpcrep run``'s arguments (horovodrun's names) and its examples."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = "Run a Python script on N ranks: mpirun, or srun inside Slurm."
+    parser.epilog = EPILOG
+    parser.add_argument("-np", "-n", "--num-proc", "--np", dest="np", type=int, default=None,
+                        help="number of ranks (default: all slots of -H/--hostfile; inside "
+                             "Slurm all tasks of the allocation)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", default=None, metavar="HOST:SLOTS,...",
+                       help="hosts and their slots, e.g. node1:2,node2:2 (a host alone: 1 slot)")
+    where.add_argument("--hostfile", "-hostfile", default=None, metavar="FILE",
+                       help="one host a line: 'host slots=N' (horovodrun, Open MPI) or 'host:N'")
+    parser.add_argument("--min-np", type=int, default=None, help="elastic: not available yet")
+    parser.add_argument("--max-np", type=int, default=None, help="elastic: not available yet")
+    parser.add_argument("--timeline-filename", default=None, metavar="FILE",
+                        help="timeline: not available yet")
+    parser.add_argument("--autotune", action="store_true", default=False,
+                        help="autotuning: not available yet")
+    parser.add_argument("--mpi-args", default=None, metavar="'ARGS'",
+                        help="extra arguments for the launcher (mpirun; srun inside Slurm), "
+                             "passed as they are; one that starts with '-' and has no space: "
+                             "--mpi-args=--cpu-bind=none")
+    parser.add_argument("--transparent", action=argparse.BooleanOptionalAction, default=None,
+                        help="run in transparent mode or not (default: read the script)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print the mode chosen and why, and the full launch command")
     parser.add_argument("--launcher", choices=("auto", "mpirun", "srun"), default="auto",
                         help="auto: srun inside a Slurm allocation, else mpirun")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
@@ -56,19 +235,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the script on N ranks and return the launcher's exit code."""
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Return ``hpcrep run``'s arguments parsed from ``argv`` (what follows ``hpcrep run``)."""
+    parser = argparse.ArgumentParser(prog="hpcrep run")
+    configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def main(args: Any) -> int:
+    """Run the script on N ranks and return the launcher's exit code (2: bad options)."""
     try:
-        argv = build_command(args.np, args.script, args.args, args.launcher)
-    except (ValueError, FileNotFoundError) as exc:
+        launch = build_launch(args)
+    except (LaunchOptionError, FileNotFoundError) as exc:
         print(f"hpcrep run: {exc}", file=sys.stderr)
         return 2
+    if args.verbose:
+        print(f"hpcrep run: {launch.reason}", file=sys.stderr)
+        for name, value in launch.env.items():
+            print(f"hpcrep run: {name}={value} on every rank", file=sys.stderr)
+        print(f"hpcrep run: {shlex.join(launch.argv)}", file=sys.stderr, flush=True)
     if args.dry_run:
-        print(" ".join(argv))
+        print(shlex.join(launch.argv))
         return 0
-    env = mpirun_env()
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if not os.path.exists(args.script):
-        print(f"hpcrep run: no script {args.script!r}", file=sys.stderr)
+    if not os.path.exists(launch.script):
+        print(f"hpcrep run: no script {launch.script!r}", file=sys.stderr)
         return 2
-    return subprocess.call(argv, env=env)
+    env = mpirun_env({**os.environ, **launch.env})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return subprocess.call(launch.argv, env=env)

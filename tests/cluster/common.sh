@@ -7,6 +7,13 @@ BRIDGE=hpcrep-br0
 HEAD_IP=$SUBNET_PREFIX.1                                  # the host's address on the bridge
 HEAD_NAME=hpcrep-head
 HOSTS_TAG="# hpcrep-cluster"                              # marks our /etc/hosts lines
+CLUSTER_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# Open MPI 4.1's options for jobs across the nodes: start ranks in the nodes' namespaces (the
+# launch agent) and keep MPI traffic on the bridge (TCP between nodes, shared memory within
+# one). mpirun.sh passes them; mpi-args.sh prints them for `hpcrep run --mpi-args`.
+CLUSTER_MPI_OPTIONS=(--mca plm_rsh_agent "$CLUSTER_SCRIPTS/rsh-agent.sh"
+  --mca btl tcp,self,vader --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET")
 
 node_ip()   { echo "$SUBNET_PREFIX.$((10 + ${1#node}))"; }   # node3 -> 10.213.7.13
 node_ns()   { echo "hpcrep-$1"; }                            # its network namespace

@@ -41,6 +41,12 @@ class Cluster:
         """The argv of ``tests/cluster/mpirun.sh OPTIONS -- COMMAND``."""
         return [str(HERE / "mpirun.sh"), *options, "--", *command]
 
+    def mpi_args(self) -> str:
+        """The mpirun options of mpirun.sh (less its hostfile), one string for
+        ``hpcrep run --mpi-args``: ``tests/cluster/mpi-args.sh``."""
+        return subprocess.run([str(HERE / "mpi-args.sh")], check=True, capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+
     def mpirun(self, options: Sequence[str], command: Sequence[str], timeout: float = 300,
                **env: str) -> subprocess.CompletedProcess:
         """Run an MPI job across the nodes; fail the test (after killing it) past ``timeout``."""

@@ -25,7 +25,5 @@ export OMPI_MCA_oob_tcp_keepalive_time=${OMPI_MCA_oob_tcp_keepalive_time:-10}
 export OMPI_MCA_oob_tcp_keepalive_intvl=${OMPI_MCA_oob_tcp_keepalive_intvl:-5}
 export OMPI_MCA_oob_tcp_keepalive_probes=${OMPI_MCA_oob_tcp_keepalive_probes:-3}
 exec "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none \
-  --hostfile "$CLUSTER_DIR/hostfile" \
-  --mca plm_rsh_agent "$HERE/rsh-agent.sh" \
-  --mca btl tcp,self,vader --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET" \
+  --hostfile "$CLUSTER_DIR/hostfile" "${CLUSTER_MPI_OPTIONS[@]}" \
   "${opts[@]}" "$@"

@@ -33,8 +33,10 @@ def test_each_rank_keeps_one_of_the_users_gpus(entry, mpirun):
 
 @pytest.mark.timeout(300)
 def test_hpcrep_run_pins_too(mpirun):
+    # --transparent: the script imports hpcrep.tensorflow (for its "explicit" case), which
+    # would make hpcrep run start it as it is
     done = subprocess.run([mpirun.python, "-m", "hpcrep.cli", "run", "-n", "2", "--launcher",
-                           "mpirun", SCRIPT, "plain"], capture_output=True, text=True,
-                          env=mpirun.env({"CUDA_VISIBLE_DEVICES": "1,0"}), timeout=240)
+                           "mpirun", "--transparent", SCRIPT, "plain"], capture_output=True,
+                          text=True, env=mpirun.env({"CUDA_VISIBLE_DEVICES": "1,0"}), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert seen(done.stderr) == {"0": "1", "1": "0"}, done.stderr[-3000:]

@@ -175,16 +175,19 @@ def test_patch_set_restores_own_and_inherited_attributes_in_reverse():
     assert Child.g is original_g and module.value == 1 and order == ["hook"]
 
 
-def test_run_command_uses_mpirun_outside_slurm_and_srun_inside(monkeypatch):
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    argv = run_command.build_command(4, "train.py", ["--epochs", "2"], environ={})
-    assert argv[1:3] == ["-n", "4"] and argv[-5:] == ["-m", "hpcrep", "train.py", "--epochs", "2"]
-    inside = run_command.build_command(None, "train.py", [], environ={"SLURM_JOB_ID": "7"})
+def test_run_command_uses_mpirun_outside_slurm_and_srun_inside(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import keras\n")
+    options = run_command.parse(["-n", "4", str(script), "--epochs", "2"])
+    argv = run_command.build_launch(options, environ={}).argv
+    assert argv[1:3] == ["-n", "4"] and argv[-5:] == ["-m", "hpcrep", str(script), "--epochs",
+                                                      "2"]
+    options = run_command.parse([str(script)])
+    inside = run_command.build_launch(options, environ={"SLURM_JOB_ID": "7"}).argv
     assert inside[0] == "srun" and inside[1] in ("--mpi=pmix", "--mpi=pmi2")
     assert "--ntasks" not in inside
     with pytest.raises(ValueError, match="number of ranks"):
-        run_command.build_command(None, "train.py", [], environ={})
-
+        run_command.build_launch(options, environ={})
 
 
 def test_inputs_with_fewer_elements_than_ranks_raise_or_come_back_whole():
