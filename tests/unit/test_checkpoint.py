@@ -78,6 +78,29 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path, damage):
     assert_state_equal(ckpt, state(1))
 
 
+def test_a_changed_value_in_a_readable_file_fails_the_checksum(tmp_path):
+    """Damage HDF5 itself reads without complaint (one value of one dataset rewritten, the file
+    well formed): only the checksum over the arrays' bytes can tell, and it must."""
+    import h5py
+
+    mgr = CheckpointManager(str(tmp_path), keep=3)
+    mgr.save(state(1), step=10)
+    latest = mgr.save(state(2), step=20)
+    with h5py.File(latest, "r+") as f:
+        names = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and o.size > 1
+                     else None)
+        data = f[names[0]][()]
+        data.flat[0] = data.flat[0] + 1
+        f[names[0]][...] = data
+    with pytest.raises(CheckpointCorruptError, match="checksum mismatch"):
+        read_verified(latest)
+    with pytest.warns(CheckpointFallbackWarning, match="ckpt-000000020"):
+        ckpt = mgr.restore()
+    assert ckpt.step == 10
+    assert_state_equal(ckpt, state(1))
+
+
 def test_all_corrupt_raises(tmp_path):
     mgr = CheckpointManager(str(tmp_path))
     path = mgr.save(state(1), step=1)
