@@ -27,8 +27,11 @@ from hpcrep.tensorflow.tape import DistributedGradientTape, PartialDistributedGr
 from hpcrep.tensorflow.topology_ops import (local_rank_op, local_size_op, process_set_included_op,
                                             rank_op, size_op)
 from hpcrep.tensorflow.transparent import transparent
-from hpcrep.tensorflow.variables import (allgather_object, broadcast_, broadcast_object,
-                                         broadcast_object_fn, broadcast_variables)
+from hpcrep.tensorflow import util
+from hpcrep.tensorflow.util import _executing_eagerly  # noqa: F401 - Horovod's private name
+from hpcrep.tensorflow.variables import (allgather_object, broadcast_, broadcast_global_variables,
+                                         broadcast_object, broadcast_object_fn,
+                                         broadcast_variables)
 
 
 def barrier(process_set: object = None) -> None:
@@ -48,6 +51,7 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "grouped_broadcast", "alltoall", "reducescatter", "grouped_reducescatter",
     "broadcast_object", "broadcast_object_fn", "allgather_object", "broadcast_variables",
+    "broadcast_global_variables", "util",
     "barrier", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Compression",
     "DistributedOptimizer", "DistributedGradientTape", "SyncBatchNormalization",
     "global_process_set", "ProcessSet", "add_process_set", "remove_process_set", "transparent",
