@@ -122,6 +122,34 @@ def test_tape_local_sources_are_not_reduced(world, partial):
         hvd.PartialDistributedGradientTape(tape, local_layers=["dense"])
 
 
+def test_tape_get_local_and_global_gradients(world):
+    """Horovod test_partial_distributed_gradient_tape's get_local_and_global_gradients: the
+    (source, gradient) pairs of the local layer (its gradient / size) and of the shared one
+    (averaged), in the sources' order; use_generic_names is accepted."""
+    r, n = world
+    model = _two_layer_model(0)
+    expected = _local_reference(model, r, n)
+    with tf.GradientTape(persistent=True) as tape:
+        loss = _loss(model, r)
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[model.get_layer("local")])
+    local, shared = tape.get_local_and_global_gradients(loss, model.trainable_variables,
+                                                        use_generic_names=True)
+    variables = model.trainable_variables
+    assert [v for v, _ in shared] == variables[:2] and [v for v, _ in local] == variables[2:]
+    for (_, g), e in zip(shared + local, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5)
+
+
+def test_sync_batch_norm_takes_horovods_fused_argument():
+    """Horovod's SyncBatchNormalization(fused=False) (its default) builds; fused=True or None
+    is refused with ValueError, as in Horovod. Keras 3's own BatchNormalization has no fused=."""
+    layer = hvd.SyncBatchNormalization(axis=1, fused=False)
+    assert "fused" not in layer.get_config()
+    for fused in (True, None):
+        with pytest.raises(ValueError, match="does not support fused"):
+            hvd.SyncBatchNormalization(fused=fused)
+
+
 def test_partial_distributed_optimizer_keeps_local_layers_apart(world):
     """hpcrep.tensorflow.keras.PartialDistributedOptimizer / register_local_var: shared weights
     end equal on every rank, local ones differ and move by their own gradient / size."""
