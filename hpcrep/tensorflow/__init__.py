@@ -11,8 +11,8 @@ from hpcrep.comm import (Adasum, Average, Max, Min, Product, ProcessSet, ReduceO
                          mpi_threads_supported, rank, remove_process_set, size)
 from hpcrep.comm import barrier as _barrier
 from hpcrep.tensorflow.basics import (ccl_built, cuda_built, ddl_built, gloo_built,
-                                      gloo_enabled, init, mpi_built, mpi_enabled, nccl_built,
-                                      rocm_built, shutdown)
+                                      gloo_enabled, gpu_available, init, mpi_built, mpi_enabled,
+                                      nccl_built, rocm_built, shutdown)
 from hpcrep.tensorflow.collectives import (allgather, allreduce, alltoall, broadcast,
                                            grouped_allgather, grouped_allreduce,
                                            grouped_broadcast, grouped_reducescatter,
@@ -45,7 +45,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
-    "ccl_built", "ddl_built", "rank_op", "local_rank_op", "size_op", "local_size_op",
+    "ccl_built", "ddl_built", "gpu_available", "rank_op", "local_rank_op", "size_op",
+    "local_size_op",
     "process_set_included_op", "broadcast_", "PartialDistributedGradientTape", "join",
     "elastic",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",

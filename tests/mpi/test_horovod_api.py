@@ -45,6 +45,8 @@ def test_built_and_enabled_flags():
     assert hvd.mpi_built() and hvd.mpi_enabled()
     assert not any([hvd.gloo_built(), hvd.gloo_enabled(), hvd.nccl_built(), hvd.ccl_built(),
                     hvd.ddl_built(), hvd.cuda_built(), hvd.rocm_built()])
+    # Horovod's gpu_available (its Adasum GPU test asks it): this machine's GPUs, as TF sees them
+    assert hvd.gpu_available("tensorflow") == bool(tf.config.list_physical_devices("GPU"))
 
 
 def test_broadcast_in_place_eagerly_and_in_tf_function(world):
