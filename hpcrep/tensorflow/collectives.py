@@ -515,13 +515,15 @@ def _reducescatter_with_grad(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: fl
         ys = [_scale(y, after) if i in low else y for i, y in enumerate(ys)]
 
         def backward(*dys: tf.Tensor):
-            # Horovod: allgather the gradients, times size for Sum (scale factors ignored).
+            # Horovod: allgather each gradient, times size for Sum (scale factors ignored). One
+            # gather per tensor, as Horovod's gradient: tf.gradients(ys[i], xs[i]) then runs only
+            # the i-th. In a TF1 graph nothing else orders them after the forward op (they need
+            # no forward value), so ranks could run the two in different orders.
             dys = [tf.zeros_like(y) if dy is None else dy for y, dy in zip(ys, dys)]
-            # In a TF1 graph nothing else orders the gradient's collective after the forward one
-            # (it needs no forward value); ranks could run the two in different orders.
             with tf.control_dependencies(ys):
                 dys = [tf.identity(dy) for dy in dys]
-            gathered = _host_grouped_allgather(dys, _grad_name(name), communicator)
+            gathered = [_host_grouped_allgather([dy], _grad_name(name), communicator)[0]
+                        for dy in dys]
             return [g * tf.cast(n, g.dtype) if op is ReduceOp.Sum else g for g in gathered]
 
         return ys, backward

@@ -23,7 +23,9 @@ def test_grouped_reducescatter_in_a_graph_reduces_each_tensor_with_its_own(world
     """Horovod test_horovod_grouped_reducescatter_cpu in graph mode: six tensors of one shape
     whose values differ; each rank gets its rows of each tensor's own sum (exact closed form),
     in every one of several sessions, and the gradient is the allgathered upstream gradient
-    times size. A group that ran as separate ops paired tensors at random across ranks."""
+    times size. A group that ran as separate ops paired tensors at random across ranks.
+    The gradients (one gather per tensor, as Horovod's) run one per session.run: independent
+    collectives of one run have no order yet (issue 24, point 2)."""
     r, n = world
     k = 6
     for trial in range(4):
@@ -33,7 +35,8 @@ def test_grouped_reducescatter_in_a_graph_reduces_each_tensor_with_its_own(world
             reduced = hvd.grouped_reducescatter(tensors, op=hvd.Sum)
             grad_ys = [tf.fill([2, 3], float((i + 1) * (r + 1))) for i in range(k)]
             grads = tf.gradients(reduced, tensors, grad_ys)
-            got, got_grads = session.run([reduced, grads])
+            got = session.run(reduced)
+            got_grads = [session.run(g) for g in grads]
         for i in range(k):
             np.testing.assert_array_equal(got[i], np.full([2, 3], (i + 1) * n * (n + 1) / 2),
                                           err_msg=f"trial {trial}, tensor {i}")
