@@ -46,6 +46,11 @@ class ReplicaDivergenceError(HpcrepError, RuntimeError):
     variables that differ across ranks. Raised on every rank, with the canary's report."""
 
 
+class ExecutionModeError(HpcrepError, RuntimeError):
+    """A function was called in an execution mode it does not support: a TF1 graph-mode helper
+    (``broadcast_global_variables``) called eagerly, as Horovod raises ``RuntimeError`` there."""
+
+
 class JoinError(HpcrepError, RuntimeError):
     """A collective ran while a rank waited in ``join()`` that cannot complete without it."""
 

@@ -13,7 +13,7 @@ from hpcrep.comm.collectives import (allgather, allgather_object, allgatherv, al
                                      alltoall,
                                      barrier, broadcast, broadcast_object, grouped_allgather,
                                      grouped_allgatherv, grouped_allreduce, grouped_broadcast,
-                                     reducescatter)
+                                     grouped_reducescatter, reducescatter)
 from hpcrep.comm.communicator import Communicator
 from hpcrep.comm.current import current, resolve, using
 from hpcrep.comm.join import join
@@ -32,6 +32,7 @@ __all__ = [
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "allgatherv",
     "grouped_allgatherv", "broadcast",
-    "grouped_broadcast", "alltoall", "reducescatter", "broadcast_object", "allgather_object",
+    "grouped_broadcast", "alltoall", "reducescatter", "grouped_reducescatter",
+    "broadcast_object", "allgather_object",
     "barrier", "join", "ReduceOp", "Average", "Sum", "Adasum", "Min", "Max", "Product",
 ]

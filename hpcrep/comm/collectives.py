@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import check, fusion, uneven, watchdog
+from hpcrep.comm import adasum, check, fusion, uneven, watchdog
 from hpcrep.comm.current import resolve
 from hpcrep.comm.dtypes import mpi_reduce_args
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
@@ -70,8 +70,10 @@ def _agree(comm: Any, kind: str, params: tuple, arrays: Sequence[np.ndarray],
 
 
 def check_scale_factors(op: ReduceOp, prescale: float, postscale: float) -> None:
-    """Raise :class:`CollectiveArgumentError` unless the scale factors suit ``op``. Local."""
-    if (prescale != 1.0 or postscale != 1.0) and op not in (ReduceOp.Sum, ReduceOp.Average):
+    """Raise :class:`CollectiveArgumentError` unless the scale factors suit ``op`` (Sum, Average
+    and, as in Horovod, Adasum take them). Local."""
+    if (prescale != 1.0 or postscale != 1.0) and op not in (ReduceOp.Sum, ReduceOp.Average,
+                                                            ReduceOp.Adasum):
         raise CollectiveArgumentError(
             f"prescale_factor and postscale_factor apply only to Sum and Average, but op={op.name} "
             f"was given with prescale_factor={prescale}, postscale_factor={postscale}; drop the "
@@ -199,7 +201,9 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
     again.
 
     ``Average`` of floating arrays folds ``1/size`` into the packing copy (so it costs nothing
-    extra); for integer arrays it is a floor division of the sum.
+    extra); for integer arrays it is a floor division of the sum. ``Adasum`` (float16/32/64, a
+    power-of-two number of ranks, else ``CollectiveUnsupportedError`` on every rank) combines
+    each bucket point to point (:mod:`hpcrep.comm.adasum`), per tensor.
 
     Not part of the public API (:func:`grouped_allreduce` is). Collective: every rank must call
     this, in the same order, with the same number of arrays and equal dtypes and shapes.
@@ -216,13 +220,17 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
         # be equal on every rank by init(), so it is not part of the agreement.
         _agree(comm, "allreduce", (op.name, prescale_factor, postscale_factor), arrays, names)
         n = comm.Get_size()
+        if op is ReduceOp.Adasum:  # after the agreement: every rank has these dtypes, raises alike
+            adasum.check([b.dtype for b in buckets], n)
         buffers = []
         for bucket in buckets:
             scaling = Scaling.of(op, bucket.dtype, n, prescale_factor, postscale_factor)
             # Handed over: the caller's results are views of it (no copy out); the buffer returns
             # to the pool once the last of them is gone.
             buf = fusion.pack(bucket, arrays, scaling.pre).hand_over()
-            if n > 1:
+            if n > 1 and op is ReduceOp.Adasum:
+                adasum.reduce_bucket(comm, buf, bucket)
+            elif n > 1:
                 _allreduce_in_place(target, buf, op, by_node)
             scaling.finish(buf)
             buffers.append(buf)
@@ -420,44 +428,72 @@ def _alltoall_rows(a: np.ndarray, splits: Optional[Sequence[int]], n: int,
     return send_rows, None
 
 
+def grouped_reducescatter(arrays: Sequence[Any], op: Any = ReduceOp.Average,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          name: Optional[str] = None,
+                          communicator: Any = None) -> list[np.ndarray]:
+    """Reduce each array across ranks and return this rank's share of its first dimension.
+
+    Rows are divided as evenly as possible; the first ``rows % size`` ranks get one extra row.
+    ``op`` is Sum or Average (or Min, Max, Product without scale factors). One agreement covers
+    the group, then the arrays are reduced in list order: a group is one collective, so it can
+    never pair one rank's array with another rank's different array of the same shape.
+
+    Collective: every rank must call this, in the same order, with the same number of arrays and
+    equal dtypes and shapes.
+    """
+    op = as_reduce_op(op)
+    if op is ReduceOp.Adasum:
+        raise CollectiveArgumentError("reducescatter cannot use op=Adasum; use Sum or Average")
+    check_scale_factors(op, prescale_factor, postscale_factor)
+    arrays = _as_arrays(arrays)
+    names = _names(arrays, name, "reducescatter")
+    with collective("reducescatter", names):
+        comm = resolve(communicator).comm
+        _agree(comm, "reducescatter", (op.name, prescale_factor, postscale_factor), arrays,
+               names)
+        for a, nm in zip(arrays, names):  # after the agreement: ranks passing a scalar all raise
+            if a.ndim == 0:
+                raise CollectiveArgumentError(
+                    f"reducescatter of {nm!r} needs an array with at least one dimension to "
+                    "scatter, got a scalar; reshape it to [1] (or allreduce it instead).")
+        return [_reducescatter_one(comm, a, op, prescale_factor, postscale_factor)
+                for a in arrays]
+
+
+def _reducescatter_one(comm: Any, a: np.ndarray, op: ReduceOp, prescale: float,
+                       postscale: float) -> np.ndarray:
+    """Reduce-scatter one agreed array on ``comm``; the caller holds the collective lock."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    scaling = Scaling.of(op, a.dtype, n, prescale, postscale)
+    rows = np.full(n, a.shape[0] // n, dtype=np.int64)
+    rows[: a.shape[0] % n] += 1
+    row = int(np.prod(a.shape[1:], dtype=np.int64))
+    result = fusion.POOL.take(a.dtype, int(rows[me]) * row).hand_over()  # the result
+    with fusion.POOL.take(a.dtype, a.size) as send:  # scratch: back once reduced
+        if scaling.pre == 1.0:
+            np.copyto(send, a.reshape(-1))
+        else:
+            np.multiply(a.reshape(-1), scaling.pre, out=send, casting="unsafe")
+        if n > 1:
+            sendbuf, recvbuf, mpi_op = mpi_reduce_args(send, op, out=result)
+            comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=list(rows * row), op=mpi_op)
+        else:
+            np.copyto(result, send)
+    scaling.finish(result)
+    return result.reshape((int(rows[me]),) + a.shape[1:])
+
+
 def reducescatter(array: Any, op: Any = ReduceOp.Average, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, name: Optional[str] = None,
                   communicator: Any = None) -> np.ndarray:
-    """Reduce ``array`` across ranks and return this rank's share of the first dimension.
-
-    Rows are divided as evenly as possible; the first ``rows % size`` ranks get one extra row.
+    """Reduce ``array`` across ranks and return this rank's share of the first dimension (see
+    :func:`grouped_reducescatter`).
 
     Collective: every rank must call this, in the same order, with equal dtype and shape.
     """
-    op = as_reduce_op(op)
-    check_scale_factors(op, prescale_factor, postscale_factor)
-    a = np.asarray(array)
-    nm = name or "reducescatter.0"
-    with collective("reducescatter", [nm]):
-        comm = resolve(communicator).comm
-        n, me = comm.Get_size(), comm.Get_rank()
-        _agree(comm, "reducescatter", (op.name, prescale_factor, postscale_factor), [a], [nm])
-        if a.ndim == 0:  # after the agreement, so that ranks passing a scalar all raise, together
-            raise CollectiveArgumentError(
-                f"reducescatter of {nm!r} needs an array with at least one dimension to scatter, "
-                "got a scalar; reshape it to [1] (or allreduce it instead).")
-        scaling = Scaling.of(op, a.dtype, n, prescale_factor, postscale_factor)
-        rows = np.full(n, a.shape[0] // n, dtype=np.int64)
-        rows[: a.shape[0] % n] += 1
-        row = int(np.prod(a.shape[1:], dtype=np.int64))
-        result = fusion.POOL.take(a.dtype, int(rows[me]) * row).hand_over()  # the result
-        with fusion.POOL.take(a.dtype, a.size) as send:  # scratch: back once reduced
-            if scaling.pre == 1.0:
-                np.copyto(send, a.reshape(-1))
-            else:
-                np.multiply(a.reshape(-1), scaling.pre, out=send, casting="unsafe")
-            if n > 1:
-                sendbuf, recvbuf, mpi_op = mpi_reduce_args(send, op, out=result)
-                comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=list(rows * row), op=mpi_op)
-            else:
-                np.copyto(result, send)
-        scaling.finish(result)
-        return result.reshape((int(rows[me]),) + a.shape[1:])
+    return grouped_reducescatter([array], op, prescale_factor, postscale_factor, name,
+                                 communicator)[0]
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, communicator: Any = None) -> Any:

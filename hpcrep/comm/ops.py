@@ -25,20 +25,21 @@ def as_reduce_op(op: Any) -> ReduceOp:
     """Return ``op`` as a :class:`ReduceOp`; accepts the enum, its int value or its name.
 
     Raises:
-        ValueError: ``op`` names no supported reduction (Adasum is not supported).
+        ValueError: ``op`` names no reduction.
     """
     try:
         result = ReduceOp[op] if isinstance(op, str) else ReduceOp(op)
     except (KeyError, ValueError):
-        raise ValueError(f"unknown reduction op {op!r}; use one of Average, Sum, Min, Max, "
-                         "Product") from None
-    if result is ReduceOp.Adasum:
-        raise ValueError("op=Adasum is not supported by hpcrep; use Average or Sum")
+        raise ValueError(f"unknown reduction op {op!r}; use one of Average, Sum, Adasum, Min, "
+                         "Max, Product") from None
     return result
 
 
 def mpi_op(op: ReduceOp) -> Any:
-    """Return the MPI operation that implements ``op`` (Average is a Sum followed by a scale)."""
+    """Return the MPI operation that implements ``op`` (Average is a Sum followed by a scale).
+
+    Adasum has none: :mod:`hpcrep.comm.adasum` reduces it point to point.
+    """
     from mpi4py import MPI  # noqa: PLC0415
 
     return {ReduceOp.Average: MPI.SUM, ReduceOp.Sum: MPI.SUM, ReduceOp.Min: MPI.MIN,

@@ -153,3 +153,9 @@ def ccl_built() -> bool:
 def ddl_built() -> bool:
     """Horovod compatibility: hpcrep does not use IBM DDL."""
     return False
+
+
+def gpu_available(ext_base_name: str = "tensorflow", verbose: bool = False) -> bool:
+    """Horovod compatibility: whether TensorFlow sees a GPU on this rank (``ext_base_name`` and
+    ``verbose`` are accepted and ignored; hpcrep stages GPU tensors through the host). Local."""
+    return bool(tf.config.list_physical_devices("GPU"))

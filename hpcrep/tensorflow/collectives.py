@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from hpcrep import comm
+from hpcrep.comm import adasum
 from hpcrep.comm.collectives import check_scale_factors
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError, CollectiveUnsupportedError
@@ -71,6 +72,8 @@ def _allreduce_dense(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, pos
     tensors.
     """
     check_scale_factors(op, pre, post)
+    if op is ReduceOp.Adasum:
+        return _adasum_dense(tensors, pre, post, name, communicator)
     low = [i for i, t in enumerate(tensors) if t.dtype in _LOW_PRECISION]
     if low and (pre != 1.0 or post != 1.0):
         return _allreduce_low_precision_scaled(tensors, low, op, pre, post, name, communicator)
@@ -86,6 +89,36 @@ def _allreduce_dense(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, pos
 
     return host_call(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
                      name="hpcrep_allreduce")
+
+
+def _adasum_dense(tensors: Sequence[tf.Tensor], pre: float, post: float, name: Optional[str],
+                  communicator: comm.Communicator) -> list[tf.Tensor]:
+    """Adasum of dense float tensors (:mod:`hpcrep.comm.adasum`) on the Python path: the
+    compiled op has no Adasum. Scale factors are applied here, float16 in float32 as Horovod
+    does (Adasum is scale-equivariant, so where they apply changes only rounding).
+
+    Collective: every rank of ``communicator`` must call this, in the same order, with matching
+    tensors.
+
+    Raises:
+        CollectiveUnsupportedError: a dtype other than float16/32/64, or a number of ranks that is
+            not a power of two (checked at every size, before anything is sent).
+    """
+    adasum.check([t.dtype.name for t in tensors], communicator.size())
+    tensors = [_scale(t, pre) for t in tensors]
+    path = fused.choose_allreduce_path(tensors, 1.0, 1.0, communicator)
+    if path is fused.AllreducePath.IDENTITY:
+        require_no_xla("hpcrep_allreduce")
+        reduced = [tf.identity(t) for t in tensors]
+    elif all(t.shape.is_fully_defined() for t in tensors):
+        reduced = fused.fused_allreduce(fused.AllreducePath.FUSED_HOST, tensors, ReduceOp.Adasum,
+                                        1.0, 1.0, name, communicator)
+    else:
+        reduced = host_call(
+            lambda *a: comm.grouped_allreduce(a, ReduceOp.Adasum, 1.0, 1.0, name, communicator),
+            tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
+            name="hpcrep_allreduce")
+    return [_scale(t, post) for t in reduced]
 
 
 def _allreduce_low_precision_scaled(tensors: Sequence[tf.Tensor], low: list[int], op: ReduceOp,
@@ -120,7 +153,7 @@ def _grouped_allreduce_with_grad(tensors: Sequence[tf.Tensor], op: ReduceOp, pre
 
         def backward(*dys: tf.Tensor):
             dys = [tf.zeros_like(y) if dy is None else dy for y, dy in zip(ys, dys)]
-            if op in (ReduceOp.Sum, ReduceOp.Average):
+            if op in (ReduceOp.Sum, ReduceOp.Average, ReduceOp.Adasum):  # Horovod's, for Adasum
                 return _allreduce_dense(dys, op, pre, post, _grad_name(name), communicator)
             summed = _allreduce_dense(dys, ReduceOp.Sum, 1.0, 1.0, _grad_name(name),
                                              communicator)
@@ -148,15 +181,21 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     Dense tensors are reduced in one fused exchange. ``tf.IndexedSlices`` are allgathered
     (values and indices; Average divides the values by ``size``), as in Horovod; they support
     only Sum and Average without scale factors (``NotImplementedError`` otherwise).
+    ``op=Adasum`` (:mod:`hpcrep.comm.adasum`) takes float16/32/64 tensors on a power-of-two
+    number of ranks of the whole job, as Horovod's; its gradient is the Adasum of the upstream
+    gradients (Horovod's).
 
     Collective: every rank must call this, in the same order, with matching tensors.
 
     Raises:
-        CollectiveUnsupportedError: ``tf.IndexedSlices`` with another op or with scale factors.
+        CollectiveUnsupportedError: ``tf.IndexedSlices`` with another op or with scale factors;
+            Adasum with another dtype, rank count or a process set.
         CollectiveArgumentError: both ``average`` and ``op``, or scale factors with Min/Max/Product.
     """
-    communicator = comm.resolve(process_set)
     op = _resolve_op(average, op)
+    if op is ReduceOp.Adasum:
+        require_global_for_adasum(process_set)
+    communicator = comm.resolve(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
@@ -190,7 +229,21 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
                              prescale_factor, postscale_factor, name, process_set)[0]
 
 
+def require_global_for_adasum(process_set: Any) -> None:
+    """Raise :class:`CollectiveUnsupportedError` if ``process_set`` is a process set other than
+    the whole job: Horovod's Adasum "does not support non-global process sets yet". Local."""
+    if isinstance(process_set, comm.ProcessSet) and process_set.process_set_id != 0:
+        raise CollectiveUnsupportedError(
+            "Adasum does not support non-global process sets yet (as in Horovod); reduce over "
+            "the whole job or use op=Average/Sum on the process set.")
+
+
 def _check_sparse(op: ReduceOp, pre: float, post: float) -> None:
+    if op is ReduceOp.Adasum:
+        raise CollectiveUnsupportedError(
+            "The Adasum reduction does not currently support sparse tensors (tf.IndexedSlices), "
+            "as in Horovod; pass sparse_as_dense=True to DistributedOptimizer or "
+            "DistributedGradientTape, or convert the gradient with tf.convert_to_tensor.")
     if op not in (ReduceOp.Sum, ReduceOp.Average):
         raise CollectiveUnsupportedError(
             f"allreduce of tf.IndexedSlices supports op=Sum or Average, got {op.name}; convert the "
@@ -383,52 +436,108 @@ def reducescatter(tensor: Any, device_dense: str = "",
 
     Collective: every rank must call this, in the same order, with equal dtype and shape.
     """
+    return grouped_reducescatter([tensor], device_dense, compression, op, process_set,
+                                 prescale_factor, postscale_factor, name=name)[0]
+
+
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: type[Compressor] = Compression.none,
+                          op: Any = ReduceOp.Average, process_set: Any = None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          name: Optional[str] = None,
+                          ignore_name_scope: bool = False) -> list[tf.Tensor]:
+    """Reducescatter each tensor of a list (see :func:`reducescatter`) in one operation.
+
+    The group is one host call (and one op in a graph), as Horovod's grouped op is one request:
+    in a TF1 graph, separate ops for each tensor have no order between them, and ranks running
+    them in different orders reduced one rank's tensor with another's.
+
+    Collective: every rank must call this, in the same order, with matching tensors.
+    """
     communicator = comm.resolve(process_set)
     op = as_reduce_op(op)
     if op not in (ReduceOp.Sum, ReduceOp.Average):
         raise CollectiveArgumentError(f"reducescatter supports op=Sum or Average, got {op.name}")
-    tensor = tf.convert_to_tensor(tensor)
-    compressed, ctx = compression.compress(tensor)
-    return compression.decompress(
-        _reducescatter_with_grad(compressed, op, prescale_factor, postscale_factor, name,
-                                 communicator), ctx)
+    if not tensors:
+        return []
+    packed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    reduced = _reducescatter_with_grad([p[0] for p in packed], op, prescale_factor,
+                                       postscale_factor, name, communicator)
+    return [compression.decompress(r, p[1]) for r, p in zip(reduced, packed)]
 
 
-def _reducescatter_with_grad(tensor: tf.Tensor, op: ReduceOp, pre: float, post: float,
-                             name: Optional[str], communicator: comm.Communicator) -> tf.Tensor:
-    low = tensor.dtype in _LOW_PRECISION and (pre != 1.0 or post != 1.0)
-    host_op, host_pre, host_post = (ReduceOp.Sum, 1.0, 1.0) if low else (op, pre, post)
+def _scattered_shape(shape: tf.TensorShape, n: int, me: int) -> Optional[tf.TensorShape]:
+    """This rank's share of ``shape`` (the first ``rows % n`` ranks get one extra row)."""
+    if shape.rank in (None, 0):
+        return None
+    rows = shape[0]
+    mine = None if rows is None else rows // n + (me < rows % n)
+    return tf.TensorShape([mine]).concatenate(shape[1:])
+
+
+def _reducescatter_with_grad(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float,
+                             post: float, name: Optional[str],
+                             communicator: comm.Communicator) -> list[tf.Tensor]:
+    """Reducescatter ``tensors`` in one host call, with Horovod's gradient.
+
+    float16/bfloat16 tensors with scale factors are scaled in float32 here and summed on the
+    host (Horovod's CPU arithmetic); the others are scaled on the host. Both groups go in the
+    same call, in a fixed order. Collective: every rank of ``communicator`` must call this, in
+    the same order, with matching tensors.
+    """
+    n, me = communicator.size(), communicator.rank()
+    scaled = pre != 1.0 or post != 1.0
+    low = [i for i, t in enumerate(tensors) if scaled and t.dtype in _LOW_PRECISION]
+    rest = [i for i in range(len(tensors)) if i not in low]
+    low_name = None if name is None else f"{name}.low"
 
     @tf.custom_gradient
-    def forward(x: tf.Tensor):
-        rows = None if x.shape.rank in (None, 0) else x.shape[0]
-        n, me = communicator.size(), communicator.rank()
-        mine = None if rows is None else rows // n + (me < rows % n)
-        shape = (None if x.shape.rank in (None, 0)
-                 else tf.TensorShape([mine]).concatenate(x.shape[1:]))
-        x_in = _scale(x, pre) if low else x
-        y = host_call(lambda a: [comm.reducescatter(a, host_op, host_pre, host_post, name,
-                                                    communicator)],
-                      [x_in], [x.dtype], [shape], name="hpcrep_reducescatter")[0]
-        if low:
-            y = _scale(y, post / n if op is ReduceOp.Average else post)
+    def forward(*xs: tf.Tensor):
+        inputs = [_scale(x, pre) if i in low else x for i, x in enumerate(xs)]
 
-        def backward(dy: tf.Tensor):
-            # Horovod: allgather the gradient, times size for Sum (scale factors ignored).
-            gathered = _host_allgather(dy, _grad_name(name), communicator)[0]
-            return gathered * tf.cast(n, dy.dtype) if op is ReduceOp.Sum else gathered
+        def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+            out: list = [None] * len(arrays)
+            if rest:
+                for i, y in zip(rest, comm.grouped_reducescatter(
+                        [arrays[i] for i in rest], op, pre, post, name, communicator)):
+                    out[i] = y
+            if low:
+                for i, y in zip(low, comm.grouped_reducescatter(
+                        [arrays[i] for i in low], ReduceOp.Sum, 1.0, 1.0, low_name,
+                        communicator)):
+                    out[i] = y
+            return out
 
-        return y, backward
+        ys = host_call(fn, inputs, [x.dtype for x in xs],
+                       [_scattered_shape(x.shape, n, me) for x in xs],
+                       name="hpcrep_reducescatter")
+        after = post / n if op is ReduceOp.Average else post
+        ys = [_scale(y, after) if i in low else y for i, y in enumerate(ys)]
 
-    return forward(tensor)
+        def backward(*dys: tf.Tensor):
+            # Horovod: allgather each gradient, times size for Sum (scale factors ignored). One
+            # gather per tensor, as Horovod's gradient: tf.gradients(ys[i], xs[i]) then runs only
+            # the i-th. In a TF1 graph nothing else orders them after the forward op (they need
+            # no forward value), so ranks could run the two in different orders.
+            dys = [tf.zeros_like(y) if dy is None else dy for y, dy in zip(ys, dys)]
+            with tf.control_dependencies(ys):
+                dys = [tf.identity(dy) for dy in dys]
+            gathered = [_host_grouped_allgather([dy], _grad_name(name), communicator)[0]
+                        for dy in dys]
+            return [g * tf.cast(n, g.dtype) if op is ReduceOp.Sum else g for g in gathered]
+
+        return ys, backward
+
+    return list(forward(*tensors))
 
 
-def grouped_reducescatter(tensors: Sequence[Any], op: Any = ReduceOp.Average,
-                          name: Optional[str] = None, **kwargs: Any) -> list[tf.Tensor]:
-    """Reducescatter each tensor of a list (see :func:`reducescatter`).
+def _host_grouped_allgather(tensors: Sequence[tf.Tensor], name: Optional[str],
+                            communicator: comm.Communicator) -> list[tf.Tensor]:
+    """Allgather ``tensors`` in one host call (no gradient). Collective, as allgather."""
+    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        return comm.grouped_allgather(arrays, name, communicator)
 
-    Collective: every rank must call this, in the same order.
-    """
-    return [reducescatter(t, op=op, name=None if name is None else f"{name}.{i}", **kwargs)
-            for i, t in enumerate(tensors)]
-
+    shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) if t.shape.rank else None
+              for t in tensors]
+    return host_call(fn, tensors, [t.dtype for t in tensors], shapes,
+                     name="hpcrep_allgather")

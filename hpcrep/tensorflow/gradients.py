@@ -60,7 +60,9 @@ class GradientReducer:
     """How gradients are reduced: Horovod's DistributedOptimizer/Tape options.
 
     Attributes:
-        op: Average (default) or Sum.
+        op: Average (default), Sum or Adasum (Horovod's: the gradients themselves are combined
+            with Adasum, float16/32/64 only, power-of-two ranks; IndexedSlices need
+            ``sparse_as_dense``).
         compression: ``Compression.none`` or ``Compression.fp16``.
         sparse_as_dense: convert ``tf.IndexedSlices`` to dense tensors before reducing.
         gradient_predivide_factor: with Average, divide by this before the sum and by
@@ -88,9 +90,11 @@ class GradientReducer:
 
     def __post_init__(self) -> None:
         self.op = as_reduce_op(self.op)
-        if self.op not in (ReduceOp.Average, ReduceOp.Sum):
+        if self.op not in (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum):
             raise CollectiveArgumentError(
-                f"gradients can be reduced with op=Average or op=Sum, got {self.op.name}")
+                f"gradients can be reduced with op=Average, Sum or Adasum, got {self.op.name}")
+        if self.op is ReduceOp.Adasum:
+            collectives.require_global_for_adasum(self.process_set)
         if self.gradient_predivide_factor != 1.0 and self.op is not ReduceOp.Average:
             raise CollectiveArgumentError(
                 "gradient_predivide_factor needs op=Average; drop the factor or use Average")

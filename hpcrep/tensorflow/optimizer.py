@@ -22,7 +22,7 @@ from typing import Any, Optional
 import keras
 import tensorflow as tf
 
-from hpcrep.comm.ops import ReduceOp
+from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.compression import Compression, Compressor
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope, reduced_scope
@@ -142,6 +142,11 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     local gradient, divided by ``size`` when ``scale_local_gradients`` (Horovod's default). The
     copy is built from ``optimizer.get_config()``, so pass a fresh optimizer.
 
+    ``op=Adasum`` combines the gradients with Adasum, as Horovod's Keras optimizer does (with
+    ``backward_passes_per_step=k``, the sum of the k passes; ``average_aggregated_gradients`` is
+    refused, as in Horovod); the learning rate is not scaled (Horovod's guide suggests the
+    one-worker rate times about 2 on CPUs). Only on the whole job, on 1, 2, 4, ... ranks.
+
     Raises:
         CollectiveArgumentError: invalid ``op``, ``backward_passes_per_step`` or factors.
     """
@@ -152,6 +157,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     if int(backward_passes_per_step) < 1:
         raise CollectiveArgumentError(
             f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if as_reduce_op(op) is ReduceOp.Adasum and average_aggregated_gradients:
+        raise CollectiveArgumentError(
+            "Adasum does not support average_aggregated_gradients == True (as in Horovod); "
+            "drop it (Adasum combines the summed gradients of the k passes) or use op=Average")
     reducer = GradientReducer(
         op=op, compression=compression, sparse_as_dense=sparse_as_dense, num_groups=num_groups,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups,

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from hpcrep import comm
 from hpcrep.comm.ops import ReduceOp
+from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.collectives import grouped_allreduce
 
 
@@ -44,9 +45,17 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     Same arguments as the Keras layer (``synchronized`` is ignored: this layer always syncs over
     MPI, inside or outside ``tf.distribute``). With one rank it is exactly the Keras layer.
     Moving statistics are computed from the global moments, so they stay equal on every rank.
+
+    Horovod's ``fused=False`` (its default) is accepted and ignored: Keras 3 has no fused
+    kernel, so the layer never fuses; ``fused=True`` or ``None`` raises ``ValueError``, as in
+    Horovod, which cannot synchronise a fused batch norm either.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, fused: Any = False, **kwargs: Any) -> None:
+        if fused in (True, None):
+            raise CollectiveArgumentError(
+                f"SyncBatchNormalization does not support fused={fused} (as in Horovod); pass "
+                "fused=False or leave it out.")
         kwargs.pop("synchronized", None)
         super().__init__(*args, **kwargs)
 

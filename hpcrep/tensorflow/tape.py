@@ -32,8 +32,11 @@ class _DistributedGradientTape(tf.GradientTape):
         self._hpcrep_reducer.local.add(variable_key(source))
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
-                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE,
+                 use_generic_names: bool = False) -> Any:
         """Return the gradients of ``target`` with respect to ``sources``, averaged across ranks.
+
+        ``use_generic_names`` (Horovod's op naming) is accepted and ignored.
 
         Collective: every rank must call this, in the same order, with matching sources.
         """
@@ -41,6 +44,23 @@ class _DistributedGradientTape(tf.GradientTape):
         flat = tf.nest.flatten(grads, expand_composites=False)
         reduced = self._hpcrep_reducer.reduce(flat, tf.nest.flatten(sources), name="tape")
         return tf.nest.pack_sequence_as(grads, reduced)
+
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None,
+                                       use_generic_names: bool = False
+                                       ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """Return ``(local, global)`` lists of ``(source, gradient)`` pairs, as Horovod's tape:
+        :meth:`gradient`'s results split into registered local sources and the others.
+
+        Collective: every rank must call this, in the same order, with matching sources.
+        """
+        sources = list(sources)
+        grads = self.gradient(target, sources, output_gradients)
+        local = self._hpcrep_reducer.local
+        pairs = list(zip(sources, grads))
+        return ([p for p in pairs if variable_key(p[0]) in local],
+                [p for p in pairs if variable_key(p[0]) not in local])
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",

@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from hpcrep import comm
-from hpcrep.errors import CollectiveArgumentError
+from hpcrep.errors import CollectiveArgumentError, ExecutionModeError
 from hpcrep.tensorflow.collectives import grouped_broadcast
 
 
@@ -27,6 +27,24 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_se
                                 else tf.convert_to_tensor(v) for v in variables], root_rank,
                                name="broadcast_variables", process_set=process_set)
     return tf.group(*[v.assign(x) for v, x in zip(variables, values)])
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Return an op that assigns rank ``root_rank``'s values to every global variable of the
+    default TF1 graph (``tf.compat.v1.global_variables()``): Horovod's graph-mode helper, to run
+    in the session after the initializer.
+
+    Collective: every rank must build and run it, in the same order, with the same variables.
+
+    Raises:
+        ExecutionModeError: called eagerly (a ``RuntimeError``, as in Horovod); there, use
+            :func:`broadcast_variables` with the model's and optimizer's variables.
+    """
+    if tf.executing_eagerly():
+        raise ExecutionModeError(
+            "hvd.broadcast_global_variables() does not support eager execution. Please use "
+            "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def broadcast_(variables: Iterable[Any], root_rank: int, name: Optional[str] = None,

@@ -45,6 +45,8 @@ def test_built_and_enabled_flags():
     assert hvd.mpi_built() and hvd.mpi_enabled()
     assert not any([hvd.gloo_built(), hvd.gloo_enabled(), hvd.nccl_built(), hvd.ccl_built(),
                     hvd.ddl_built(), hvd.cuda_built(), hvd.rocm_built()])
+    # Horovod's gpu_available (its Adasum GPU test asks it): this machine's GPUs, as TF sees them
+    assert hvd.gpu_available("tensorflow") == bool(tf.config.list_physical_devices("GPU"))
 
 
 def test_broadcast_in_place_eagerly_and_in_tf_function(world):
@@ -120,6 +122,34 @@ def test_tape_local_sources_are_not_reduced(world, partial):
     np.testing.assert_allclose(grads[2], expected[2] * n, rtol=1e-5)
     with pytest.raises(ValueError, match="Keras layers"):
         hvd.PartialDistributedGradientTape(tape, local_layers=["dense"])
+
+
+def test_tape_get_local_and_global_gradients(world):
+    """Horovod test_partial_distributed_gradient_tape's get_local_and_global_gradients: the
+    (source, gradient) pairs of the local layer (its gradient / size) and of the shared one
+    (averaged), in the sources' order; use_generic_names is accepted."""
+    r, n = world
+    model = _two_layer_model(0)
+    expected = _local_reference(model, r, n)
+    with tf.GradientTape(persistent=True) as tape:
+        loss = _loss(model, r)
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[model.get_layer("local")])
+    local, shared = tape.get_local_and_global_gradients(loss, model.trainable_variables,
+                                                        use_generic_names=True)
+    variables = model.trainable_variables
+    assert [v for v, _ in shared] == variables[:2] and [v for v, _ in local] == variables[2:]
+    for (_, g), e in zip(shared + local, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5)
+
+
+def test_sync_batch_norm_takes_horovods_fused_argument():
+    """Horovod's SyncBatchNormalization(fused=False) (its default) builds; fused=True or None
+    is refused with ValueError, as in Horovod. Keras 3's own BatchNormalization has no fused=."""
+    layer = hvd.SyncBatchNormalization(axis=1, fused=False)
+    assert "fused" not in layer.get_config()
+    for fused in (True, None):
+        with pytest.raises(ValueError, match="does not support fused"):
+            hvd.SyncBatchNormalization(fused=fused)
 
 
 def test_partial_distributed_optimizer_keeps_local_layers_apart(world):

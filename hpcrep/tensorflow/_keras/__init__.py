@@ -10,5 +10,6 @@ mode (:mod:`hpcrep.tensorflow.transparent`) imports these modules directly, not 
 - :mod:`.backup_and_restore`: Keras's ``BackupAndRestore`` with rank 0 reading and writing;
 - :mod:`.checkpoint_callback`: training state to and from :mod:`hpcrep.checkpoint`, and a callback;
 - :mod:`.lr_scale`: learning rates scaled by the number of ranks, kept out of saved files;
-- :mod:`.elastic`: the elastic state of a Keras model and its callbacks.
+- :mod:`.elastic`: the elastic state of a Keras model and its callbacks;
+- :mod:`.load_model`: a saved model with its optimizer wrapped again (``hvd.load_model``).
 """
