@@ -59,9 +59,11 @@ def build_independent_collectives(r: int, n: int):
     Returns (fetches, expected values as numpy, number of allreduce requests).
     """
     fetches, expected = [], []
+    # Three of one dtype and shape: only their names tell them apart.
     for i, (dtype, shape) in enumerate([(tf.float32, [5]), (tf.float64, [2, 3]),
-                                        (tf.int32, [7]), (tf.float32, [4, 1]),
-                                        (tf.int64, [3]), (tf.float32, [1])]):
+                                        (tf.float32, [5]), (tf.int32, [7]),
+                                        (tf.float32, [4, 1]), (tf.int64, [3]),
+                                        (tf.float32, [5]), (tf.float32, [1])]):
         fetches.append(hvd.allreduce(tf.fill(shape, tf.cast(i + r, dtype)), op=hvd.Sum))
         expected.append(np.full(shape, n * i + n * (n - 1) // 2))
     for i in range(3):
@@ -81,7 +83,7 @@ def build_independent_collectives(r: int, n: int):
         fetches.append(hvd.reducescatter(full, op=hvd.Sum))
         expected.append(np.array([n * (1000.0 * i + k) + n * (n - 1) / 2
                                   for k in range(2 * r, 2 * r + 2)]))
-    return fetches, expected, 6
+    return fetches, expected, 8
 
 
 @pytest.mark.parametrize("path", ["compiled", "python"])
@@ -117,14 +119,15 @@ def test_allreduces_queued_in_rank_dependent_orders_meet_by_name(compiled):
         out = {}
         for k in order:
             i = names.index(k)
-            out[k] = hvd.allreduce(tf.fill([3 + i], float(10 * i + r)), op=hvd.Sum, name=k)
+            # One dtype and shape: only the names tell them apart.
+            out[k] = hvd.allreduce(tf.fill([4], float(10 * i + r)), op=hvd.Sum, name=k)
         return out
 
     before = requests()
     for _ in range(2):
         out = step()
         for i, k in enumerate(names):
-            np.testing.assert_array_equal(out[k], np.full([3 + i], 10.0 * i * n + n * (n - 1) / 2))
+            np.testing.assert_array_equal(out[k], np.full([4], 10.0 * i * n + n * (n - 1) / 2))
     assert requests() - before == 2 * len(names)
 
 
