@@ -169,3 +169,19 @@ def test_names_that_never_meet_fail_on_every_rank_instead_of_hanging(compiled):
     assert f"only_on_rank_{(r + 1) % n}" in str(info.value)
     # The engine goes on working.
     np.testing.assert_array_equal(hvd.allreduce(tf.ones(2), op=hvd.Sum), np.full(2, n))
+
+
+def test_broadcast_gradient_runs_the_allreduce_on_every_rank_in_a_session(world):
+    # The non-root ranks' gradient is zeros; if those zeros did not wait for the gradient's
+    # allreduce, a Session would skip it there while the root waits for it (its name then never
+    # meets the next allreduce's, or, matched by order, pairs with another collective).
+    r, n = world
+    hvd.init()
+    with tf.Graph().as_default():
+        x = tf.fill([5], float(r))
+        y = hvd.broadcast(x, root_rank=0)
+        grad = tf.gradients(y, x, tf.ones([5]))[0]
+        after = hvd.allreduce(tf.fill([5], float(r + 1)), op=hvd.Sum, name="after")
+        with tf.compat.v1.Session() as session:
+            np.testing.assert_array_equal(session.run(grad), np.full([5], 1.0 if r == 0 else 0.0))
+            np.testing.assert_array_equal(session.run(after), np.full([5], n * (n + 1) / 2))
