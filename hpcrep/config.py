@@ -127,6 +127,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "with a report of the collective, its tensors and which ranks had not arrived (a "
             "warning is printed at half of it). A failed node or cut network link otherwise "
             "hangs the job until its time limit. 0 turns the watchdog off."),
+    Setting("HPCREP_MATCH_TIMEOUT", float, 30.0,
+            "Compiled path: when ranks queue allreduces in different orders (independent ops of "
+            "a TF1 graph), requests are matched by name; if no pending name is pending on every "
+            "rank and no rank queues a new request for this many seconds, every pending request "
+            "fails with CollectiveMismatchError on every rank (the names never meet) instead of "
+            "hanging. Longer than the longest gap between a step's independent allreduces."),
     Setting("HPCREP_HIERARCHICAL_ALLREDUCE", _parse_bool, False,
             "Allreduce fusion buffers hierarchically when ranks span several nodes and some node "
             "runs more than one: reduce-scatter within each node (shared memory), allreduce each "

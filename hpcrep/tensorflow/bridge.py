@@ -7,8 +7,9 @@ arrays without copying them; :mod:`hpcrep.comm.fusion` returns exactly such arra
 alias live tensors, so the functions called here must never write into them.
 
 ``tf.numpy_function`` is stateful, so ``tf.function``'s automatic control dependencies keep the
-collectives of one function in program order on every rank. XLA cannot compile it; see
-docs/design-notes.md ("XLA and jit_compile").
+collectives of one function in program order on every rank; in a TF1 graph,
+:mod:`hpcrep.tensorflow.graph_order` chains them in the order they were built. XLA cannot
+compile it; see docs/design-notes.md ("XLA and jit_compile").
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
 
 from hpcrep.errors import HpcrepError
+from hpcrep.tensorflow import graph_order
 from hpcrep.tensorflow.errors import for_tensorflow
 
 
@@ -82,7 +84,10 @@ def host_call(fn: Callable[..., Sequence], tensors: Sequence[tf.Tensor],
                 raise
             raise converted from error
 
-    outs = tf.numpy_function(call, list(tensors), list(out_dtypes), stateful=True, name=name)
+    outs = graph_order.chained(
+        lambda: tf.numpy_function(call, list(tensors), list(out_dtypes), stateful=True,
+                                  name=name),
+        lambda built: (built[0] if isinstance(built, (list, tuple)) else built).op)
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     outs = list(outs)

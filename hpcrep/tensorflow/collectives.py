@@ -363,7 +363,12 @@ def broadcast_from(tensor: Any, root_rank: int, name: Optional[str] = None,
         def backward(dy: tf.Tensor):
             reduced = _allreduce_dense([dy], gradient_reduction, 1.0, 1.0,
                                               _grad_name(name), communicator)[0]
-            return reduced if comm.rank() == root_rank else tf.zeros_like(reduced)
+            if comm.rank() == root_rank:
+                return reduced
+            # Zeros that still wait for the allreduce: a plain zeros_like of a static shape
+            # does not, and a Session would skip this rank's allreduce while the root waits.
+            with tf.control_dependencies([reduced]):
+                return tf.zeros_like(reduced)
 
         return y, backward
 

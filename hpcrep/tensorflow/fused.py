@@ -188,7 +188,7 @@ def _compiled_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: fl
         buckets = [None] * len(groups)
     out: list = [None] * len(tensors)
     params = (op.name, float(prescale), float(postscale))
-    for bucket, group in zip(buckets, groups):
+    for index, (bucket, group) in enumerate(zip(buckets, groups)):
         members = [tensors[i] for i in group]
         signature = (
             "allreduce", params,
@@ -199,7 +199,8 @@ def _compiled_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: fl
             prescale_bits=native.bits(prescale), postscale_bits=native.bits(postscale),
             signature=check.signature_hash(signature),
             description=_describe(tensors, group, op, name),
-            chunk_bytes=int(config.get("HPCREP_ALLREDUCE_CHUNK")), name="hpcrep_allreduce_start")
+            chunk_bytes=int(config.get("HPCREP_ALLREDUCE_CHUNK")),
+            match_name=f"{name}.{index}" if name else "", name="hpcrep_allreduce_start")
         flat = _wait(handle, members[0].dtype, -1 if bucket is None else bucket.length)
         if bucket is not None:
             _split_static(bucket, flat, tensors, out)

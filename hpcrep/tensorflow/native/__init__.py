@@ -155,7 +155,8 @@ def engine(communicator: Any) -> int:
     settings = EngineSettings(check=bool(config.get("HPCREP_CHECK_COLLECTIVES")),
                               fusion_bytes=int(config.get("HPCREP_FUSION_THRESHOLD")),
                               spin_micros=int(config.get("HPCREP_NATIVE_SPIN_US")),
-                              polled=collectives.nonblocking(communicator))
+                              polled=collectives.nonblocking(communicator),
+                              match_timeout=float(config.get("HPCREP_MATCH_TIMEOUT")))
     started = Engine(communicator, _library().register(dup.handle, settings), dup)
     with _lock:
         if not _engines:

@@ -14,7 +14,7 @@ extern "C" {
 // starts its communication thread with these settings. Returns the engine id for the ops'
 // "engine" attribute.
 int64_t hpcrep_native_register(int64_t comm_handle, int check, int64_t fusion_bytes,
-                               int spin_micros, int polled) {
+                               int spin_micros, int polled, double match_timeout) {
   MPI_Comm comm;
   static_assert(sizeof(MPI_Comm) <= sizeof(int64_t), "MPI_Comm must fit in 64 bits");
   std::memset(&comm, 0, sizeof(comm));
@@ -25,6 +25,7 @@ int64_t hpcrep_native_register(int64_t comm_handle, int check, int64_t fusion_by
   settings.fusion_bytes = fusion_bytes;
   settings.spin_micros = spin_micros;
   settings.polled = polled != 0;
+  settings.match_timeout = match_timeout;
   return hpcrep::AddEngine(comm, settings);
 }
 

@@ -5,7 +5,10 @@
 // when this rank has something queued (or waits in join()): one small MPI_Iallreduce (MAX) tells
 // every rank how many requests all ranks have queued (the common prefix, up to kMaxBatch), whether
 // the signatures of that prefix agree (cumulative hashes, as hpcrep.comm.check does for one call),
-// and whether ranks wait in join() (Negotiate: the answer is an Agreement). The agreed prefix is
+// and whether ranks wait in join() (Negotiate: the answer is an Agreement). The signature hashed
+// includes each request's name, so two ranks that queued the same requests in different orders
+// disagree there; the engine then matches requests by name (match.cc) for that cycle. The agreed
+// prefix is
 // then reduced (Execute), requests of one dtype and operation fused into one MPI_Allreduce up to
 // the fusion threshold. The prefix length depends on timing, but it is the same on every rank,
 // so results are bitwise equal across ranks.
@@ -36,7 +39,8 @@ struct Request {
   tensorflow::DataType dtype;
   int kind = kSum;
   double postscale = 1.0;
-  int64_t signature = 0;
+  int64_t signature = 0;  // dtype, shapes, reduction, scaling: must agree between ranks
+  int64_t name_key = 0;   // hash of the request's name (match_name or the op's node name)
   int64_t chunk_bytes = 0;  // largest single MPI_Allreduce (HPCREP_ALLREDUCE_CHUNK); 0: no limit
   std::string description;
   tensorflow::Tensor buffer;  // packed, pre-scaled; reduced in place
@@ -60,6 +64,7 @@ struct EngineSettings {
   int spin_micros = 100;      // HPCREP_NATIVE_SPIN_US: how long threads look before sleeping
   bool polled = false;        // the communicator spans nodes: MPI_Iallreduce, polled (see
                               // Engine::AllreduceLarge)
+  double match_timeout = 30;  // HPCREP_MATCH_TIMEOUT: seconds pending names may fail to meet
 };
 
 // What this rank brings to a cycle.
@@ -119,9 +124,15 @@ class Engine {
   // negotiate.cc: what every rank has ready, and what ranks in join() need.
   Agreement Negotiate(const Offer& offer);
   int ShareLayout(const Batch& batch, int64_t count, bool joined, std::vector<Layout>* layout);
-  tensorflow::Status MismatchStatus(const Batch& batch, int64_t count);
+  tensorflow::Status MismatchStatus(const Batch& batch, int64_t count,
+                                    const std::string& lead =
+                                        "ranks disagree on the allreduce they run at this point: ");
   static tensorflow::Status JoinableStatus(const std::vector<Layout>& layout);
   static Batch ZeroRequests(const std::vector<Layout>& layout);
+
+  // match.cc: when the prefix disagrees, run the requests whose names are pending everywhere.
+  void MatchByName(const Offer& offer);
+  void Remove(const Batch& done);
 
   // execute.cc: one cycle's work, given its agreement.
   void Execute(const Offer& offer, const Agreement& agreement);
@@ -143,6 +154,9 @@ class Engine {
   bool joined_ = false;
   std::vector<char> scratch_;
   std::atomic<int64_t> cycles_{0}, reduced_{0};
+  bool stalled_ = false;      // the last name matching found nothing to run (match.cc)
+  uint64_t stall_hash_ = 0;   // what every rank had pending then
+  double stall_since_ = 0;    // since when the pending names have not changed
   std::mutex busy_mu_;
   double busy_since_ = 0;
   std::string busy_what_;

@@ -27,6 +27,12 @@ void Engine::Execute(const Offer& offer, const Agreement& agreement) {
     LeaveJoin();
     return;
   }
+  // The same requests in another order (or requests that differ): match them by name. Not
+  // while a rank waits in join(): it has no names to offer.
+  if (agreement.mismatch && !agreement.some_joined) {
+    MatchByName(offer);
+    return;
+  }
   // A rank in join() has nothing queued; the others take the agreed prefix off their queues.
   int64_t count = offer.joined ? 0 : agreement.ready;
   Batch batch(offer.pending.begin(), offer.pending.begin() + count);

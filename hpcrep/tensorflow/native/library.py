@@ -40,6 +40,7 @@ class EngineSettings:
     fusion_bytes: int      # HPCREP_FUSION_THRESHOLD
     spin_micros: int       # HPCREP_NATIVE_SPIN_US
     polled: bool           # MPI_Iallreduce polled (ranks span nodes), else MPI_Allreduce
+    match_timeout: float = 30.0  # HPCREP_MATCH_TIMEOUT: seconds pending names may fail to meet
 
 
 class Library:
@@ -49,7 +50,8 @@ class Library:
         lib = ctypes.CDLL(path)
         i64, p64 = ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
         lib.hpcrep_native_register.restype = i64
-        lib.hpcrep_native_register.argtypes = [i64, ctypes.c_int, i64, ctypes.c_int, ctypes.c_int]
+        lib.hpcrep_native_register.argtypes = [i64, ctypes.c_int, i64, ctypes.c_int, ctypes.c_int,
+                                               ctypes.c_double]
         lib.hpcrep_native_unregister.argtypes = [i64]
         lib.hpcrep_native_begin_join.argtypes = [i64]
         lib.hpcrep_native_join_pending.argtypes = [i64]
@@ -66,7 +68,8 @@ class Library:
         """Start an engine on an MPI communicator handle (a duplicate of its own); return its id."""
         return self._lib.hpcrep_native_register(comm_handle, int(settings.check),
                                                 settings.fusion_bytes, settings.spin_micros,
-                                                int(settings.polled))
+                                                int(settings.polled),
+                                                float(settings.match_timeout))
 
     def unregister(self, engine_id: int) -> None:
         """Stop the engine's thread once what is queued has finished, and forget it."""

@@ -16,7 +16,7 @@ constexpr int64_t kNone = std::numeric_limits<int64_t>::min();  // neutral for M
 
 // The control vector every rank contributes to the cycle's MPI_Iallreduce (MAX):
 // [max(-count), max(joined), max(-joined), max(H_1), max(-H_1), ... max(H_k), max(-H_k)], where
-// H_i is the cumulative hash of the signatures of the first i requests. A MAX of x and of -x
+// H_i is the cumulative hash of the signatures and names of the first i requests. A MAX of x and of -x
 // gives the largest and (negated) smallest value over ranks, so equal pairs mean agreement.
 std::vector<int64_t> Control(const Offer& offer) {
   std::vector<int64_t> control(3 + 2 * kMaxBatch, kNone);
@@ -27,6 +27,7 @@ std::vector<int64_t> Control(const Offer& offer) {
   uint64_t h = 1469598103934665603ull;
   for (int64_t i = 0; i < n && !offer.joined; ++i) {
     h = (h ^ static_cast<uint64_t>(offer.pending[i]->signature)) * 1099511628211ull;
+    h = (h ^ static_cast<uint64_t>(offer.pending[i]->name_key)) * 1099511628211ull;
     int64_t v = static_cast<int64_t>(h >> 2);
     control[3 + 2 * i] = v;
     control[4 + 2 * i] = -v;
@@ -115,7 +116,8 @@ Batch Engine::ZeroRequests(const std::vector<Layout>& layout) {
 
 // Gather every rank's description of the cycle's requests into one message naming the ranks
 // that disagree. Collective.
-tensorflow::Status Engine::MismatchStatus(const Batch& batch, int64_t count) {
+tensorflow::Status Engine::MismatchStatus(const Batch& batch, int64_t count,
+                                          const std::string& lead) {
   std::string mine;
   for (int64_t i = 0; i < count && i < static_cast<int64_t>(batch.size()); ++i) {
     if (i) mine += "; then ";
@@ -141,7 +143,7 @@ tensorflow::Status Engine::MismatchStatus(const Batch& batch, int64_t count) {
   if (rc != MPI_SUCCESS)
     return EngineError(ErrorKind::kMpi, "hpcrep: MPI error " + std::to_string(rc) +
                                             " while describing a collective mismatch");
-  std::string message = "ranks disagree on the allreduce they run at this point: ";
+  std::string message = lead;
   for (int r = 0; r < size_; ++r) {
     if (lens[r] == 0) continue;
     message += "rank " + std::to_string(r) + " passed " + all.substr(displs[r], lens[r]);

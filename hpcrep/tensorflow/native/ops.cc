@@ -39,6 +39,15 @@ class StartOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("signature", &signature_));
     OP_REQUIRES_OK(c, c->GetAttr("description", &description_));
     OP_REQUIRES_OK(c, c->GetAttr("chunk_bytes", &chunk_bytes_));
+    std::string match_name;
+    OP_REQUIRES_OK(c, c->GetAttr("match_name", &match_name));
+    // The name the engine matches requests by when ranks queue them in different orders: the
+    // caller's (name= and bucket), else this node's name, which a graph built by the same
+    // program gives the same tensor on every rank. FNV-1a, the same on every rank.
+    const std::string& key = match_name.empty() ? name() : match_name;
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
+    name_key_ = static_cast<int64_t>(h);
     OP_REQUIRES(c, kind_ >= 0 && kind_ < kReduceKinds && kind_ != 2,
                 tensorflow::errors::InvalidArgument("hpcrep: unsupported reduce_op ", kind_,
                                                     "; use a value of hpcrep.comm.ops.ReduceOp "
@@ -80,6 +89,7 @@ class StartOp : public OpKernel {
         sig = (sig * 1000003ull) ^ static_cast<uint64_t>(shape.dim_size(d));
     }
     request->signature = static_cast<int64_t>(sig);
+    request->name_key = name_key_;
     request->description = description_;
     request->chunk_bytes = chunk_bytes_;
     request->spin_micros = engine->settings().spin_micros;
@@ -109,6 +119,7 @@ class StartOp : public OpKernel {
   int64_t pre_bits_, post_bits_, signature_;
   std::string description_;
   int64_t chunk_bytes_ = 0;
+  int64_t name_key_ = 0;
 };
 
 class WaitOp : public AsyncOpKernel {
@@ -161,6 +172,7 @@ REGISTER_OP("HpcrepAllreduceStart")
     .Attr("signature: int")
     .Attr("description: string")
     .Attr("chunk_bytes: int = 0")  // HPCREP_ALLREDUCE_CHUNK when the function traced
+    .Attr("match_name: string = ''")  // what ranks match by (engine.h); '': the node's name
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
 
