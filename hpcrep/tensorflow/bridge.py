@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 from tensorflow.python.ops import control_flow_util
@@ -71,28 +72,47 @@ def host_call(fn: Callable[..., Sequence], tensors: Sequence[tf.Tensor],
 
     ``out_shapes`` (one ``tf.TensorShape`` or None per output) restores the static shapes that
     ``tf.numpy_function`` loses. hpcrep errors raised by ``fn`` arrive as their TensorFlow-typed
-    subclasses (:mod:`hpcrep.tensorflow.errors`). Local; ``fn`` itself is usually collective.
+    subclasses (:mod:`hpcrep.tensorflow.errors`): eagerly as they are; in a graph or
+    ``tf.function`` (where TensorFlow would map the exception by its Python base class only,
+    a mismatch becoming ``InvalidArgumentError``) as the TensorFlow error of the same code,
+    raised by the compiled library's ``HpcrepCheckHostStatus`` op from the code and message
+    the host call returns (without the library: as TensorFlow maps them). Local; ``fn`` itself
+    is usually collective.
     """
     require_no_xla(name)
+    status_op = None if tf.executing_eagerly() or not out_dtypes else _host_status_op()
 
     def call(*arrays: Any) -> list:
         try:
-            return list(fn(*arrays))
+            outs = list(fn(*arrays))
         except HpcrepError as error:
             converted = for_tensorflow(error)
+            if status_op is not None and isinstance(converted, tf.errors.OpError):
+                return [np.int32(converted.error_code), np.array(str(converted).encode()),
+                        *(np.zeros(0, d.as_numpy_dtype) for d in out_dtypes)]
             if converted is error:
                 raise
             raise converted from error
+        return [np.int32(0), np.array(b""), *outs] if status_op is not None else outs
 
-    outs = graph_order.chained(
-        lambda: tf.numpy_function(call, list(tensors), list(out_dtypes), stateful=True,
-                                  name=name),
-        lambda built: (built[0] if isinstance(built, (list, tuple)) else built).op)
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
-    outs = list(outs)
+    def build() -> list[tf.Tensor]:
+        if status_op is None:
+            built = tf.numpy_function(call, list(tensors), list(out_dtypes), stateful=True,
+                                      name=name)
+            return list(built) if isinstance(built, (list, tuple)) else [built]
+        code, message, *values = tf.numpy_function(
+            call, list(tensors), [tf.int32, tf.string, *out_dtypes], stateful=True, name=name)
+        return list(status_op(code, message, values))
+
+    outs = graph_order.chained(build, lambda built: built[0].op)
     if out_shapes is not None:
         for t, shape in zip(outs, out_shapes):
             if shape is not None:
                 t.set_shape(shape)
     return outs
+
+
+def _host_status_op() -> Optional[Callable[..., Any]]:
+    from hpcrep.tensorflow import native  # noqa: PLC0415 - native imports this module's users
+
+    return native.host_status_op()

@@ -6,11 +6,12 @@ The classes here derive from both hpcrep's error (so ``except CollectiveMismatch
 ``except ValueError`` keep working) and that TensorFlow type.
 :func:`hpcrep.tensorflow.bridge.host_call` converts the errors raised on the host into them.
 
-One difference remains inside ``tf.function``: TensorFlow turns an exception raised by a host call
-into an error chosen by its Python base class only (``ValueError`` becomes ``InvalidArgumentError``,
-``NotImplementedError`` becomes ``UnimplementedError``), so a mismatch in a traced step surfaces as
-``tf.errors.InvalidArgumentError`` carrying hpcrep's message. Eagerly the classes below arrive as
-they are. Catch ``tf.errors.OpError`` to cover both.
+Inside ``tf.function`` and TF1 graphs TensorFlow would turn an exception raised by a host call
+into an error chosen by its Python base class only (``ValueError`` becomes
+``InvalidArgumentError``); :func:`hpcrep.tensorflow.bridge.host_call` returns the error as data
+there and the compiled library's ``HpcrepCheckHostStatus`` op raises the TensorFlow error of the
+same code (Horovod's ``FailedPreconditionError`` for a mismatch). Only where that library is not
+built does a mismatch in a graph arrive as ``InvalidArgumentError``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import hpcrep.tensorflow as hvd
 from hpcrep.errors import CollectiveMismatchError, HpcrepError
+from hpcrep.tensorflow import native
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -216,12 +217,20 @@ def test_mismatch_is_a_failed_precondition_error_on_every_rank(multi):
         assert isinstance(info.value, ValueError) and "ranks disagree" in str(info.value)
 
 
-def test_mismatch_inside_tf_function_is_an_op_error_on_every_rank(multi):
-    """Inside tf.function TensorFlow re-types host errors by their Python base class, so the
-    mismatch arrives as tf.errors.InvalidArgumentError (an OpError) with hpcrep's message."""
+@pytest.mark.parametrize("collective", ["allreduce", "allgather", "broadcast"])
+def test_mismatch_inside_tf_function_is_horovods_error_on_every_rank(multi, collective):
+    """Horovod raises tf.errors.FailedPreconditionError for a mismatch; inside tf.function, where
+    TensorFlow would re-type a host call's exception by its Python base class
+    (InvalidArgumentError), the compiled library's status op raises it with its own code. Without
+    the library the mismatch still arrives as an OpError with hpcrep's message."""
     r, _ = multi
-    with pytest.raises(tf.errors.OpError, match="ranks disagree"):
-        tf.function(lambda: hvd.allreduce(tf.ones([3 + r])))()
+    fn = {"allreduce": lambda: hvd.allreduce(tf.ones([3 + r])),
+          "allgather": lambda: hvd.allgather(tf.ones([2, 3 + r])),
+          "broadcast": lambda: hvd.broadcast(tf.ones([3 + r]), 0)}[collective]
+    expected = (tf.errors.FailedPreconditionError if native.host_status_op() is not None
+                else tf.errors.OpError)
+    with pytest.raises(expected, match="ranks disagree"):
+        tf.function(fn)()
 
 
 def test_bad_alltoall_splits_are_an_invalid_argument_error(world):

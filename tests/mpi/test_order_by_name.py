@@ -143,9 +143,11 @@ def test_same_name_different_shape_is_a_mismatch_on_every_rank(world, skip_missi
         with setting("HPCREP_NATIVE", "on" if path == "compiled" else "off"):
             differs = hvd.allreduce(tf.ones([3 + r]), op=hvd.Sum, name="differs")
         with tf.compat.v1.Session() as session:
-            # The compiled path's error is Horovod's FailedPreconditionError; a host call's
-            # error surfaces in a Session typed by its Python base class (InvalidArgumentError).
-            expected = (tf.errors.FailedPreconditionError if path == "compiled"
+            # Horovod's FailedPreconditionError on both paths (a host call's error is raised by
+            # the compiled library's status op; only without the library does TensorFlow type
+            # it by its Python base class, InvalidArgumentError).
+            expected = (tf.errors.FailedPreconditionError
+                        if native.host_status_op() is not None
                         else tf.errors.InvalidArgumentError)
             with pytest.raises(expected, match="ranks disagree") as info:
                 session.run(differs)

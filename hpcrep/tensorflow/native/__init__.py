@@ -24,7 +24,7 @@ import os
 import struct
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hpcrep import config
 from hpcrep.errors import ConfigError
@@ -253,3 +253,11 @@ def bits(value: float) -> int:
 def ops() -> Any:
     """Return the loaded op module (``hpcrep_allreduce_start``, ``hpcrep_allreduce_wait``)."""
     return _load().ops
+
+
+def host_status_op() -> Optional[Callable[..., Any]]:
+    """Return the op that raises a host call's error with its own TensorFlow error code
+    (``hpcrep_check_host_status``; see :func:`hpcrep.tensorflow.bridge.host_call`), or None
+    where the library cannot be loaded. Independent of ``HPCREP_NATIVE``. Local."""
+    loaded = _load()
+    return None if loaded.ops is None else loaded.ops.hpcrep_check_host_status

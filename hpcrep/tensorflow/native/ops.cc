@@ -158,6 +158,28 @@ class WaitOp : public AsyncOpKernel {
   }
 };
 
+
+// Passes its values through, or fails with the TensorFlow status a host call reported as
+// (code, message). TensorFlow turns an exception raised inside tf.numpy_function into an error
+// chosen by its Python base class only, so a collective run on the host could not raise
+// Horovod's error types (FailedPreconditionError for a mismatch) outside eager mode; the host
+// call returns its error as data instead, and this op raises it. Stateful, so that
+// tf.function runs it even when nothing uses the values.
+class CheckHostStatusOp : public OpKernel {
+ public:
+  explicit CheckHostStatusOp(OpKernelConstruction* c) : OpKernel(c) {}
+
+  void Compute(OpKernelContext* c) override {
+    const int32_t code = c->input(0).scalar<int32_t>()();
+    if (code != 0) {
+      c->SetStatus(absl::Status(static_cast<absl::StatusCode>(code),
+                                std::string(c->input(1).scalar<tensorflow::tstring>()())));
+      return;
+    }
+    for (int i = 2; i < c->num_inputs(); ++i) c->set_output(i - 2, c->input(i));
+  }
+};
+
 }  // namespace hpcrep
 
 REGISTER_OP("HpcrepAllreduceStart")
@@ -192,3 +214,18 @@ REGISTER_KERNEL_BUILDER(Name("HpcrepAllreduceStart").Device(tensorflow::DEVICE_C
                         hpcrep::StartOp);
 REGISTER_KERNEL_BUILDER(Name("HpcrepAllreduceWait").Device(tensorflow::DEVICE_CPU),
                         hpcrep::WaitOp);
+
+REGISTER_OP("HpcrepCheckHostStatus")
+    .Input("code: int32")
+    .Input("message: string")
+    .Input("values: T")
+    .Output("out: T")
+    .Attr("T: list(type) >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      for (int i = 2; i < c->num_inputs(); ++i) c->set_output(i - 2, c->input(i));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("HpcrepCheckHostStatus").Device(tensorflow::DEVICE_CPU),
+                        hpcrep::CheckHostStatusOp);
