@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm.param_store_p2p import P2PParamStore
+from hpcrep.comm.param_store_p2p import P2PParamStore, initial_vector
 from hpcrep.errors import CollectiveArgumentError, ConfigError, OneSidedUnavailableError
 
 _STORE_CODES = {"auto": 0, "window": 1, "p2p": 2}
@@ -73,14 +73,7 @@ class ParamStore:
                 "an MPI with one-sided support on this network (Open MPI with UCX, or MPICH), or "
                 "use the synchronous regime.") from None
         if is_host:
-            start = np.zeros(self._length, np.float64)
-            if initial is not None:
-                flat = np.asarray(initial, np.float64).reshape(-1)
-                if flat.size != self.num_params:
-                    raise CollectiveArgumentError(
-                        f"ParamStore initial values have {flat.size} entries, expected "
-                        f"{self.num_params}")
-                start[:self.num_params] = flat
+            start = initial_vector(initial, self.num_params, self._length)
             self._win.Lock(self.host, MPI.LOCK_EXCLUSIVE)
             self._win.Put(start, self.host)
             self._win.Unlock(self.host)

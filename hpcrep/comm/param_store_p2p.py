@@ -49,6 +49,23 @@ _live: "weakref.WeakSet[P2PParamStore]" = weakref.WeakSet()
 _exit_hook: list[bool] = []
 
 
+def initial_vector(initial: Any, num_params: int, length: int) -> np.ndarray:
+    """Return a store's starting contents: ``length`` float64 zeros with ``initial`` (None, or
+    ``num_params`` values) in front; both stores lay out parameters, then step counters. Local.
+
+    Raises:
+        CollectiveArgumentError: ``initial`` does not have ``num_params`` entries.
+    """
+    values = np.zeros(length, np.float64)
+    if initial is not None:
+        flat = np.asarray(initial, np.float64).reshape(-1)
+        if flat.size != num_params:
+            raise CollectiveArgumentError(
+                f"ParamStore initial values have {flat.size} entries, expected {num_params}")
+        values[:num_params] = flat
+    return values
+
+
 def _pause(waited: float) -> float:
     """Seconds to sleep before the next poll after waiting ``waited`` seconds (grows to the cap)."""
     return min(max(waited / 16, IDLE_SLEEP_MIN), IDLE_SLEEP_MAX)
@@ -109,15 +126,7 @@ class P2PParamStore:
         self._thread: Optional[threading.Thread] = None
         self.requests_served = 0
         if self._is_host:
-            values = np.zeros(self._length, np.float64)
-            if initial is not None:
-                flat = np.asarray(initial, np.float64).reshape(-1)
-                if flat.size != self.num_params:
-                    raise CollectiveArgumentError(
-                        f"ParamStore initial values have {flat.size} entries, expected "
-                        f"{self.num_params}")
-                values[:self.num_params] = flat
-            self._values = values
+            self._values = initial_vector(initial, self.num_params, self._length)
         self._comm = comm.Dup()
         self._comm.Set_name("hpcrep param store")
         if self._is_host:
