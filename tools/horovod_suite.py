@@ -5,7 +5,8 @@
 ``DIR`` is a Horovod source tree: a checkout, or a bare git repository (its ``HEAD`` is read).
 Nothing of Horovod's is copied into this repository: its ``test/parallel/test_tensorflow.py`` and
 ``base_test_tensorflow.py`` are written to a temporary directory, next to a ``conftest.py`` that
-maps ``horovod.tensorflow`` to ``hpcrep.tensorflow`` by name only, stands in for Horovod's
+maps ``horovod.tensorflow`` to ``hpcrep.tensorflow`` by name only (hpcrep's own
+:mod:`hpcrep.tensorflow.horovod_alias`, as ``hpcrep run`` uses), stands in for Horovod's
 ``test/utils/common.py`` (rank and size from the launcher's environment; GPU tests skip) and picks
 the mode: Horovod decorates the class with ``run_all_in_graph_and_eager_modes`` (every test runs
 as a TF1 graph in a session, then eagerly); ``--mode graph`` or ``eager`` runs one half only, so
@@ -37,19 +38,14 @@ import os
 import sys
 import types
 
-import tensorflow as tf
 from tensorflow.python.framework import ops, test_util
 
-import hpcrep.tensorflow as _hvd
+from hpcrep.tensorflow.horovod_alias import horovod_alias
 
-_horovod = types.ModuleType("horovod")
-_util = types.ModuleType("horovod.tensorflow.util")
-_util._executing_eagerly = tf.executing_eagerly
-_horovod.tensorflow = _hvd
-sys.modules.setdefault("horovod", _horovod)
-sys.modules.setdefault("horovod.tensorflow", _hvd)
-sys.modules.setdefault("horovod.tensorflow.util", _util)
-_hvd.util = _util
+# horovod.tensorflow[.X] -> hpcrep.tensorflow[.X], as `hpcrep run` maps it, for the whole run
+# (the context is kept referenced: a collected one would remove the alias).
+_ALIAS = horovod_alias()
+_ALIAS.__enter__()
 
 _common = types.ModuleType("common")
 
