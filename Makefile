@@ -35,7 +35,7 @@ test-mpi:
 
 # Tests that start MPI jobs themselves (runner, failures injected, jobs/ examples).
 test-launch:
-	$(PYTEST) -q tests/launch
+	$(PYTEST) -q --durations=15 tests/launch
 
 # A multi-node cluster on this machine (tests/cluster: 2 nodes in network namespaces, Slurm on
 # them; needs root): the collective suite across the nodes (2 x 2 ranks), then tests/slurm and
