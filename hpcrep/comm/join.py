@@ -10,6 +10,8 @@ way (join -> collectives -> uneven).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hpcrep import config
@@ -20,7 +22,9 @@ from hpcrep.errors import CollectiveMismatchError, ConfigError
 def join() -> int:
     """Wait until every rank has joined, taking part in the others' collectives meanwhile.
 
-    Returns the highest rank among the last ones to join (the same on every rank).
+    Returns the highest rank among the last ones to join (the same on every rank): the ranks
+    that took part in the most collective rounds as active ranks (:func:`uneven.active_rounds`,
+    which counts the compiled path's rounds too).
 
     Collective: every rank must call this once it has no more work; see
     :mod:`hpcrep.comm.uneven` for what the other ranks may run meanwhile.
@@ -43,14 +47,22 @@ def join() -> int:
         comm.Allreduce(MPI.IN_PLACE, control, op=MPI.MAX)
         if int(control[3]) == none:  # nobody active: every rank has joined
             uneven.end_join_mode()
-            last = uneven.last_active()
-            uneven.note_active(None)
-            return comm.Get_size() - 1 if last is None else last
-        uneven.note_active(int(control[3]))
+            return _last_to_join(comm)
         if int(control[0]) != -int(control[1]):
             signatures = [s for s in comm.allgather(None) if s is not None]
             raise CollectiveMismatchError(check.mismatch_message(signatures))
         _replay(comm.bcast(None, root=-int(control[4])))
+
+
+def _last_to_join(comm: Any) -> int:
+    """Return the highest rank among those with the most active rounds. Collective."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    size = comm.Get_size()
+    key = np.array([uneven.active_rounds() * size + comm.Get_rank()], dtype=np.int64)
+    uneven.restart_active_rounds()
+    comm.Allreduce(MPI.IN_PLACE, key, op=MPI.MAX)
+    return int(key[0]) % size
 
 
 def _replay(signature: check.Signature) -> None:

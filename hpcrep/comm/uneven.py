@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -40,8 +40,12 @@ NONE = np.iinfo(np.int64).min
 _SUPPORTED = {"allreduce": ("Sum", "Average"), "allgather": None}
 
 _state = threading.local()
-_join_hooks: list[tuple[Callable[[], None], Callable[[], None]]] = []
-_last_active: list[Optional[int]] = [None]  # highest active rank in the latest control round
+_join_hooks: list[tuple[Callable[[], None], Callable[[], None], Callable[[], int]]] = []
+# Agreements this rank took part in as an active rank: equal on every rank until one joins, so
+# the ranks that join last have the highest count (hpcrep.comm.join.join's return value). The
+# second entry is the count (hooks' rounds included) when the latest join ended on every rank:
+# from then on every rank counts the same rounds again.
+_active_rounds: list[int] = [0, 0]
 
 
 def replaying() -> bool:
@@ -60,25 +64,33 @@ def replay() -> Iterator[None]:
         _state.replaying = False
 
 
-def note_active(highest: Optional[int]) -> None:
-    """Record the highest active rank of the latest control round (None: forget it). Local."""
-    _last_active[0] = highest
+def active_rounds() -> int:
+    """Return how many collective rounds this rank has taken part in as an active rank (not
+    waiting in join) since the latest join ended (:func:`restart_active_rounds`): its own
+    agreements plus the rounds of the :func:`on_join` hooks' threads. Every rank counts the same
+    rounds until it joins, so the count orders the ranks by when they joined. Local."""
+    return _total_rounds() - _active_rounds[1]
 
 
-def last_active() -> Optional[int]:
-    """Return the highest active rank of the latest control round, or None. Local."""
-    return _last_active[0]
+def restart_active_rounds() -> None:
+    """Count :func:`active_rounds` from now on: called when a join has ended on every rank,
+    the point from which every rank takes part in the same rounds again. Local."""
+    _active_rounds[1] = _total_rounds()
+
+
+def _total_rounds() -> int:
+    return _active_rounds[0] + sum(rounds() for _, _, rounds in _join_hooks)
 
 
 def begin_join_mode() -> None:
     """Call every ``begin`` hook of :func:`on_join`: this rank starts waiting. Local."""
-    for begin, _ in _join_hooks:
+    for begin, _, _ in _join_hooks:
         begin()
 
 
 def end_join_mode() -> None:
     """Call every ``end`` hook of :func:`on_join`: every rank has joined. Local."""
-    for _, end in _join_hooks:
+    for _, end, _ in _join_hooks:
         end()
 
 
@@ -98,7 +110,7 @@ def agree(comm: Any, signature: check.Signature) -> None:
     me = comm.Get_rank()
     control = np.array([h, -h, 0, me, -me], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, control, op=MPI.MAX)
-    note_active(int(control[3]))
+    _active_rounds[0] += 1
     if int(control[0]) != -int(control[1]):
         signatures = [s for s in comm.allgather(signature) if s is not None]
         raise CollectiveMismatchError(check.mismatch_message(signatures))
@@ -107,12 +119,15 @@ def agree(comm: Any, signature: check.Signature) -> None:
         require_supported(signature)
 
 
-def on_join(begin: Callable[[], None], end: Callable[[], None]) -> None:
+def on_join(begin: Callable[[], None], end: Callable[[], None],
+            rounds: Callable[[], int] = lambda: 0) -> None:
     """Have :func:`hpcrep.comm.join.join` call ``begin()`` when this rank starts waiting and
     ``end()`` once every rank has joined: for communication threads outside this module (the
-    compiled TensorFlow path), which must serve the active ranks' collectives too. Local.
+    compiled TensorFlow path), which must serve the active ranks' collectives too. ``rounds()``
+    says how many collective rounds the thread ran with work of this rank's own (see
+    :func:`active_rounds`). Local.
     """
-    _join_hooks.append((begin, end))
+    _join_hooks.append((begin, end, rounds))
 
 
 def _leave_join_everywhere() -> None:
@@ -122,7 +137,7 @@ def _leave_join_everywhere() -> None:
     :func:`hpcrep.comm.join.join`), and the job carries on, so each rank enters join mode and
     waits until all have: the threads then leave it together, as when every rank has joined.
     """
-    for begin, end in _join_hooks:
+    for begin, end, _ in _join_hooks:
         begin()
         end()
 

@@ -165,7 +165,8 @@ def engine(communicator: Any) -> int:
             _hooked.append(True)
             watchdog.add_probe(_busy)
             uneven.on_join(lambda: begin_join(world.communicator()),
-                           lambda: end_join(world.communicator()))
+                           lambda: end_join(world.communicator()),
+                           lambda: active_cycles(world.communicator()))
         _engines[id(communicator)] = started
     key = id(communicator)
     communicator.at_free(lambda: _release(key))
@@ -224,6 +225,13 @@ def end_join(communicator: Any) -> None:
         return
     while _library().join_pending(entry.engine_id):
         time.sleep(0.001)
+
+
+def active_cycles(communicator: Any) -> int:
+    """Return the cycles ``communicator``'s thread ran with requests of this rank's own (not
+    waiting in join); 0 without a thread. Local."""
+    entry = _find(communicator)
+    return 0 if entry is None else _library().active_cycles(entry.engine_id)
 
 
 def _busy() -> Optional[tuple[str, tuple[str, ...], float]]:

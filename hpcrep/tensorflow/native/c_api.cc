@@ -41,6 +41,12 @@ int hpcrep_native_join_pending(int64_t id) {
   return e != nullptr && e->JoinPending() ? 1 : 0;
 }
 
+// Cycles this rank took part in with requests of its own (join() ranks who joined last).
+int64_t hpcrep_native_active_cycles(int64_t id) {
+  hpcrep::Engine* e = hpcrep::FindEngine(id);
+  return e != nullptr ? e->ActiveCycles() : 0;
+}
+
 // Cycles and requests reduced by engine id so far (for tests and benchmarks).
 void hpcrep_native_stats(int64_t id, int64_t* cycles, int64_t* reduced) {
   *cycles = *reduced = 0;

@@ -106,6 +106,10 @@ class Engine {
   void BeginJoin();
   bool JoinPending();
 
+  // Cycles in which this rank took part with requests of its own (not waiting in join()): the
+  // same count on every rank until one joins, so the last ranks to join have the highest.
+  int64_t ActiveCycles() const { return active_cycles_.load(); }
+
   // Seconds since the thread started waiting for other ranks with requests of its own (0 if
   // it is not), and what it waits for.
   double Busy(std::string* what);
@@ -153,7 +157,7 @@ class Engine {
   bool stop_ = false;
   bool joined_ = false;
   std::vector<char> scratch_;
-  std::atomic<int64_t> cycles_{0}, reduced_{0};
+  std::atomic<int64_t> cycles_{0}, reduced_{0}, active_cycles_{0};
   bool stalled_ = false;      // the last name matching found nothing to run (match.cc)
   uint64_t stall_hash_ = 0;   // what every rank had pending then
   double stall_since_ = 0;    // since when the pending names have not changed

@@ -18,6 +18,7 @@ tensorflow::Status MpiError(int rc) {
 
 void Engine::Execute(const Offer& offer, const Agreement& agreement) {
   int64_t mine = static_cast<int64_t>(offer.pending.size());
+  if (!offer.joined) active_cycles_.fetch_add(1);
   if (agreement.rc != MPI_SUCCESS) {
     Dequeue(mine);
     for (auto& r : offer.pending) r->Finish(MpiError(agreement.rc));

@@ -56,6 +56,8 @@ class Library:
         lib.hpcrep_native_begin_join.argtypes = [i64]
         lib.hpcrep_native_join_pending.argtypes = [i64]
         lib.hpcrep_native_join_pending.restype = ctypes.c_int
+        lib.hpcrep_native_active_cycles.argtypes = [i64]
+        lib.hpcrep_native_active_cycles.restype = i64
         lib.hpcrep_native_stats.argtypes = [i64, p64, p64]
         lib.hpcrep_native_busy.argtypes = [ctypes.c_char_p, i64]
         lib.hpcrep_native_busy.restype = ctypes.c_double
@@ -82,6 +84,10 @@ class Library:
     def join_pending(self, engine_id: int) -> bool:
         """Return True until the engine has seen every rank join."""
         return bool(self._lib.hpcrep_native_join_pending(engine_id))
+
+    def active_cycles(self, engine_id: int) -> int:
+        """Return the cycles this rank took part in with requests of its own (0: unknown)."""
+        return int(self._lib.hpcrep_native_active_cycles(engine_id))
 
     def stats(self, engine_id: int) -> tuple[int, int]:
         """Return (cycles, requests) the engine has reduced; (0, 0) for an unknown engine."""
