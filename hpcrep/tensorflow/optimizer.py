@@ -60,7 +60,9 @@ class _DistributedMixin:
             reduced = self._hpcrep_reducer.reduce(grads, self._hpcrep_sources(variables))
             with reduced_scope():  # a LossScaleOptimizer base class must not reduce again
                 applied = super().apply(reduced, variables)
-            mark_step("apply", "end")  # the timeline's step boundary (when it records)
+            # The timeline's step boundary (when it records): after the exchange has returned
+            # (stateful host calls are not ordered after the variable updates by themselves).
+            mark_step("apply", "end", after=[reduced, self.iterations])
             return applied
         if not self.built:
             if variables is None:

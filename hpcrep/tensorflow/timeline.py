@@ -85,6 +85,9 @@ def mark_step(source: str, edge: str, after: Optional[Any] = None) -> None:
     if tf.executing_eagerly():
         (timeline.step_begin if edge == "begin" else timeline.step_end)(source)
         return
-    deps = [t for t in tf.nest.flatten(after) if isinstance(t, (tf.Tensor, tf.Operation))]
+    # variables are read (ordered after their last update in the function); tensors waited for
+    deps = [tf.convert_to_tensor(t) if hasattr(t, "assign_add") else t
+            for t in tf.nest.flatten(after)]
+    deps = [t for t in deps if isinstance(t, (tf.Tensor, tf.Operation))]
     with tf.control_dependencies(deps):
         _host_mark(source, edge)

@@ -63,6 +63,12 @@ def test_trace_of_a_real_two_rank_run_is_well_formed(mpirun, scratch, native, pa
                 and e["args"]["collective"] in ids}
         assert phases <= seen, seen
         assert all(g["args"]["bytes"] > 0 for g in gradients)
+        # each exchange returns inside its step: the step's end mark waits for it
+        steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+                 if e.get("cat") == "step" and e["pid"] == rank]
+        outside = [g["args"]["id"] for g in gradients
+                   if not any(lo <= g["ts"] and g["ts"] + g["dur"] <= hi for lo, hi in steps)]
+        assert outside == [], (outside, steps)
     if path == "compiled":  # which tensors shared a fusion buffer
         assert all(g["args"]["bucket_tensors"] for g in gradients)
     # the steps' exposed communication and MPI time are measured, never negative
