@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("hpcrep.data.command", "convert arrays or Fashion-MNIST to sharded HDF5"),
     "bench": ("hpcrep.launch.checkout", "run the scaling benchmark of the source checkout"),
     "report": ("hpcrep.launch.checkout", "re-render a benchmark report from its JSON"),
+    "analyze": ("hpcrep.analysis.command", "compute, exposed communication, overlap and "
+                "stragglers of a timeline (HPCREP_TIMELINE)"),
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from hpcrep.errors import ConfigError
 
@@ -56,6 +56,20 @@ def _parse_replica_action(text: str) -> str:
     if value not in ("warn", "abort", "rebroadcast"):
         raise ValueError(f"expected warn, abort or rebroadcast; got {text!r}")
     return value
+
+
+def _parse_steps(text: str) -> Optional[tuple[int, Optional[int]]]:
+    """Parse a step window ``A:B`` (steps A to B inclusive, from 0), ``A:`` or ``""`` (all)."""
+    text = text.strip()
+    if not text:
+        return None
+    first, sep, last = text.partition(":")
+    if not sep or not first.strip().isdigit() or (last.strip() and not last.strip().isdigit()):
+        raise ValueError(f"expected A:B (steps A to B, counted from 0) or A:; got {text!r}")
+    a, b = int(first), int(last) if last.strip() else None
+    if b is not None and b < a:
+        raise ValueError(f"the window's last step {b} comes before its first {a}")
+    return a, b
 
 
 def _parse_bytes(text: str) -> int:
@@ -196,6 +210,23 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "'auto' the window where this MPI can create one over the job, else p2p. Must be "
             "the same on every rank.",
             same_on_all_ranks=True),
+    Setting("HPCREP_TIMELINE", str, "",
+            "File of the merged timeline: every rank records its collectives (queued, "
+            "negotiation, packing, MPI, unpacking, returned; fusion), on both allreduce paths, "
+            "and the training steps, on one clock; rank 0 writes one Chrome-trace JSON at "
+            "shutdown or exit (chrome://tracing, Perfetto, `hpcrep analyze FILE`). Started by "
+            "hvd.init(); hvd.start_timeline(path) does the same by hand. Empty: off (nothing "
+            "recorded, no cost). Must be the same on every rank (starting and writing it "
+            "communicate).",
+            same_on_all_ranks=True),
+    Setting("HPCREP_TIMELINE_STEPS", _parse_steps, None,
+            "Step window of the timeline: 'A:B' keeps only training steps A to B (inclusive, "
+            "counted from 0: Keras fit batches, Replicator steps, or DistributedOptimizer.apply "
+            "/ DistributedGradientTape.gradient calls), 'A:' from A on; empty: every step. "
+            "Keeps trace files small."),
+    Setting("HPCREP_TIMELINE_MARK_CYCLES", _parse_bool, False,
+            "Timeline: also record each cycle of the compiled path's communication thread "
+            "(Horovod's mark_cycles)."),
     Setting("HPCREP_TF_LOG", _parse_tf_log, "quiet",
             "TensorFlow's own start-up lines in what hpcrep starts (python -m hpcrep, hpcrep "
             "run, hpcrep bench, python -m hpcrep.launch.mpirun): 'quiet' sets "

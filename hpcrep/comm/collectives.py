@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import adasum, check, fusion, uneven, watchdog
+from hpcrep.comm import adasum, check, fusion, timeline, uneven, watchdog
 from hpcrep.comm.current import resolve
 from hpcrep.comm.dtypes import mpi_reduce_args
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
@@ -42,10 +42,11 @@ def collective(kind: str, names: Sequence[str] = ()) -> Iterator[None]:
     """Hold the collective lock, with the stall watchdog watching this call (see watchdog).
 
     Wrap any MPI call on hpcrep's communicators made outside this module (the compiled path's
-    ``Dup``, for one) so that it never interleaves with another thread's collective. Local (it
-    communicates nothing itself); the caller's MPI call inside it is what is collective.
+    ``Dup``, for one) so that it never interleaves with another thread's collective. While the
+    timeline records, the call is one of its collectives (:mod:`hpcrep.comm.timeline`). Local
+    (it communicates nothing itself); the caller's MPI call inside it is what is collective.
     """
-    with _lock, watchdog.watching(kind, names):
+    with _lock, watchdog.watching(kind, names), timeline.collective(kind, names):
         yield
 
 
@@ -66,7 +67,8 @@ def _as_arrays(arrays: Sequence[Any]) -> list[np.ndarray]:
 def _agree(comm: Any, kind: str, params: tuple, arrays: Sequence[np.ndarray],
            names: Sequence[str], free_first_dim: bool = False) -> None:
     if config.get("HPCREP_CHECK_COLLECTIVES") and not uneven.replaying():
-        uneven.agree(comm, (kind, params, check.entries(arrays, names, free_first_dim)))
+        with timeline.phase("negotiate"):
+            uneven.agree(comm, (kind, params, check.entries(arrays, names, free_first_dim)))
 
 
 def check_scale_factors(op: ReduceOp, prescale: float, postscale: float) -> None:
@@ -223,16 +225,21 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
         if op is ReduceOp.Adasum:  # after the agreement: every rank has these dtypes, raises alike
             adasum.check([b.dtype for b in buckets], n)
         buffers = []
-        for bucket in buckets:
+        for index, bucket in enumerate(buckets):
             scaling = Scaling.of(op, bucket.dtype, n, prescale_factor, postscale_factor)
+            fused = timeline.on() and {"bucket": index,
+                                       "tensors": [names[s.index] for s in bucket.slots]}
             # Handed over: the caller's results are views of it (no copy out); the buffer returns
             # to the pool once the last of them is gone.
-            buf = fusion.pack(bucket, arrays, scaling.pre).hand_over()
-            if n > 1 and op is ReduceOp.Adasum:
-                adasum.reduce_bucket(comm, buf, bucket)
-            elif n > 1:
-                _allreduce_in_place(target, buf, op, by_node)
-            scaling.finish(buf)
+            with timeline.phase("pack", **(fused or {})):
+                buf = fusion.pack(bucket, arrays, scaling.pre).hand_over()
+            with timeline.phase("mpi", buf.nbytes if n > 1 else 0, **(fused or {})):
+                if n > 1 and op is ReduceOp.Adasum:
+                    adasum.reduce_bucket(comm, buf, bucket)
+                elif n > 1:
+                    _allreduce_in_place(target, buf, op, by_node)
+            with timeline.phase("unpack", **(fused or {})):
+                scaling.finish(buf)
             buffers.append(buf)
         return buffers
 
@@ -291,10 +298,13 @@ def grouped_broadcast(arrays: Sequence[Any], root_rank: int = 0,
         layout = tuple((a.shape, a.dtype.name) for a in arrays)
         out: list = [None] * len(arrays)
         for bucket in fusion.plan(layout, config.get("HPCREP_FUSION_THRESHOLD")):
-            buf = fusion.pack(bucket, arrays, fill=is_root).hand_over()  # results are views
+            with timeline.phase("pack"):
+                buf = fusion.pack(bucket, arrays, fill=is_root).hand_over()  # results are views
             if comm.Get_size() > 1:
-                comm.Bcast(buf.view(np.uint8), root=root)
-            fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
+                with timeline.phase("mpi", buf.nbytes):
+                    comm.Bcast(buf.view(np.uint8), root=root)
+            with timeline.phase("unpack"):
+                fusion.unpack(bucket, buf, [a.shape for a in arrays], out)
         return out
 
 
@@ -350,8 +360,10 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None,
             result = fusion.POOL.take(a.dtype, int(rows.sum()) * row).hand_over()  # the result
             counts = (rows * row).astype(np.int64)
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            comm.Allgatherv(a.view(np.uint8).reshape(-1),
-                            [result.view(np.uint8), (counts * a.itemsize, displs * a.itemsize)])
+            with timeline.phase("mpi", result.nbytes):
+                comm.Allgatherv(a.view(np.uint8).reshape(-1),
+                                [result.view(np.uint8), (counts * a.itemsize,
+                                                         displs * a.itemsize)])
             out.append(result.reshape((int(rows.sum()),) + a.shape[1:]))
         return out, table[:, 1:]
 
@@ -404,8 +416,9 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
         sc, rc = send_rows * row * a.itemsize, recv_rows * row * a.itemsize
         sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
         rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
-        comm.Alltoallv([a.view(np.uint8).reshape(-1), (sc, sd)],
-                       [result.view(np.uint8), (rc, rd)])
+        with timeline.phase("mpi", int(sc.sum())):
+            comm.Alltoallv([a.view(np.uint8).reshape(-1), (sc, sd)],
+                           [result.view(np.uint8), (rc, rd)])
         return result.reshape((int(recv_rows.sum()),) + a.shape[1:]), recv_rows
 
 
@@ -477,7 +490,8 @@ def _reducescatter_one(comm: Any, a: np.ndarray, op: ReduceOp, prescale: float,
             np.multiply(a.reshape(-1), scaling.pre, out=send, casting="unsafe")
         if n > 1:
             sendbuf, recvbuf, mpi_op = mpi_reduce_args(send, op, out=result)
-            comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=list(rows * row), op=mpi_op)
+            with timeline.phase("mpi", send.nbytes):
+                comm.Reduce_scatter(sendbuf, recvbuf, recvcounts=list(rows * row), op=mpi_op)
         else:
             np.copyto(result, send)
     scaling.finish(result)
@@ -521,4 +535,6 @@ def barrier(communicator: Any = None) -> None:
     Collective: every rank must call this.
     """
     with collective("barrier"):
-        resolve(communicator).comm.Barrier()
+        comm = resolve(communicator).comm
+        with timeline.phase("mpi"):
+            comm.Barrier()

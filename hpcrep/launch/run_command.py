@@ -55,6 +55,8 @@ FEATURE_OPTIONS: tuple[FeatureOption, ...] = (
     FeatureOption("timeline_filename", "--timeline-filename", "HPCREP_TIMELINE",
                   "the timeline (issue 23)",
                   "use TensorFlow's profiler (tf.profiler.experimental)"),
+    FeatureOption("timeline_steps", "--timeline-steps", "HPCREP_TIMELINE_STEPS",
+                  "the timeline (issue 23)", "record every step"),
     FeatureOption("autotune", "--autotune", "HPCREP_AUTOTUNE", "autotuning (issue 28)",
                   "set HPCREP_FUSION_THRESHOLD and HPCREP_ALLREDUCE_CHUNK by hand"),
 )
@@ -76,8 +78,9 @@ horovod.keras are hpcrep's modules there when Horovod is not installed. Any othe
 in transparent mode (python -m hpcrep). --transparent / --no-transparent override the choice.
 
 horovodrun -> hpcrep run: -np/--num-proc, -H/--hosts, --hostfile, --verbose, --mpi-args: the
-same. --min-np/--max-np (elastic), --timeline-filename, --autotune: refused with a message
-until their features exist, then passed to every rank as their HPCREP_* setting.
+same. --timeline-filename FILE (or --timeline; --timeline-steps A:B) sets HPCREP_TIMELINE
+(HPCREP_TIMELINE_STEPS) on every rank. --min-np/--max-np (elastic), --autotune: refused with a
+message until their features exist, then passed to every rank as their HPCREP_* setting.
 
 inside a Slurm allocation srun starts the ranks where the allocation is, so -H and --hostfile
 are an error there (a warning would run ranks elsewhere than you asked): leave them out, or use
@@ -120,7 +123,12 @@ def feature_settings(options: argparse.Namespace) -> list[tuple[str, str]]:
             raise LaunchOptionError(f"{f.flag} is not available yet: {f.feature} is not built "
                                     f"(it will set {f.setting} on every rank). Meanwhile "
                                     f"{f.instead}.")
-        out.append((f.setting, "1" if value is True else str(value)))
+        text = "1" if value is True else str(value)
+        try:
+            config.SETTINGS[f.setting].parse(text)
+        except ValueError as exc:
+            raise LaunchOptionError(f"{f.flag} {text!r}: {exc}") from None
+        out.append((f.setting, text))
     return out
 
 
@@ -216,8 +224,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="one host a line: 'host slots=N' (horovodrun, Open MPI) or 'host:N'")
     parser.add_argument("--min-np", type=int, default=None, help="elastic: not available yet")
     parser.add_argument("--max-np", type=int, default=None, help="elastic: not available yet")
-    parser.add_argument("--timeline-filename", default=None, metavar="FILE",
-                        help="timeline: not available yet")
+    parser.add_argument("--timeline-filename", "--timeline", dest="timeline_filename",
+                        default=None, metavar="FILE",
+                        help="record a merged timeline of every rank's collectives and steps; "
+                             "rank 0 writes FILE (Chrome trace JSON; `hpcrep analyze FILE`)")
+    parser.add_argument("--timeline-steps", default=None, metavar="A:B",
+                        help="record only training steps A to B (counted from 0) in the "
+                             "timeline")
     parser.add_argument("--autotune", action="store_true", default=False,
                         help="autotuning: not available yet")
     parser.add_argument("--mpi-args", default=None, metavar="'ARGS'",

@@ -37,6 +37,7 @@ from hpcrep.replicator.regimes import GroupRuntime, SyncGroups, as_regime
 from hpcrep.tensorflow import basics, collectives
 from hpcrep.tensorflow.optimizer import DistributedOptimizer, is_distributed
 from hpcrep.tensorflow.presharded import mark_presharded
+from hpcrep.tensorflow.timeline import mark_step
 from hpcrep.tensorflow.variables import broadcast_variables
 
 
@@ -216,6 +217,7 @@ class Replicator:
         self._check_open()
         kwargs = dict(kwargs or {})
         results = []
+        mark_step("replicator", "begin")  # the timeline's step boundaries (when it records)
         with comm.using(self._communicator):
             for i in range(len(self.local_replica_ids)):
                 call_args = tuple(_select(a, i) for a in args)
@@ -230,6 +232,7 @@ class Replicator:
                 deps = [t for t in tf.nest.flatten(results) if isinstance(t, tf.Tensor)]
                 with tf.control_dependencies(deps):
                     self._group.after_step()
+        mark_step("replicator", "end", after=results)
         return PerReplica(tuple(results))
 
     def reduce(self, op: Any, value: Any, axis: Optional[int] = None) -> Any:

@@ -24,6 +24,7 @@ from hpcrep.tensorflow.optimizer import DistributedOptimizer
 from hpcrep.tensorflow.replica_check import check_replicas
 from hpcrep.tensorflow.sync_batch_norm import SyncBatchNormalization
 from hpcrep.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
+from hpcrep.tensorflow.timeline import start_timeline, stop_timeline
 from hpcrep.tensorflow.topology_ops import (local_rank_op, local_size_op, process_set_included_op,
                                             rank_op, size_op)
 from hpcrep.tensorflow.transparent import transparent
@@ -56,5 +57,5 @@ __all__ = [
     "barrier", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Compression",
     "DistributedOptimizer", "DistributedGradientTape", "SyncBatchNormalization",
     "global_process_set", "ProcessSet", "add_process_set", "remove_process_set", "transparent",
-    "check_replicas",
+    "check_replicas", "start_timeline", "stop_timeline",
 ]

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from hpcrep import comm, config
-from hpcrep.tensorflow import loss_scale, native
+from hpcrep.tensorflow import loss_scale, native, timeline
 from hpcrep.tensorflow.devices import pin_gpu
 
 
@@ -74,8 +74,9 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
     ``HPCREP_PIN_GPU=0`` turns that off), make Keras's ``LossScaleOptimizer`` average gradients
     before its finiteness check where it wraps a distributed optimizer
     (:mod:`hpcrep.tensorflow.loss_scale`), start the compiled allreduce path's communication
-    thread when it is active (:mod:`hpcrep.tensorflow.native`), and
-    register ``process_sets``.
+    thread when it is active (:mod:`hpcrep.tensorflow.native`), start the timeline when
+    ``HPCREP_TIMELINE`` names a file (:mod:`hpcrep.tensorflow.timeline`), and register
+    ``process_sets``.
 
     Args:
         comm_: see :func:`hpcrep.comm.init`.
@@ -94,6 +95,7 @@ def init(comm_: Any = None, process_sets: Optional[Sequence[Any]] = None) -> Non
         # Start the job's communication thread now, while every rank is here: starting it is
         # collective, and a rank already waiting in join() could not take part later.
         native.engine(comm.communicator())
+    timeline.start_from_settings()  # HPCREP_TIMELINE: every rank, after the engine started
     if process_sets is None or process_sets == "dynamic":
         return
     for process_set in process_sets:

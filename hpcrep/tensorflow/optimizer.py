@@ -27,6 +27,7 @@ from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.compression import Compression, Compressor
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope, reduced_scope
 from hpcrep.tensorflow.replica_check import checks_replicas
+from hpcrep.tensorflow.timeline import mark_step
 from hpcrep.tensorflow.variables import local_layer_variables, variable_key
 
 
@@ -58,7 +59,11 @@ class _DistributedMixin:
         if self._hpcrep_passes == 1:  # Keras's apply builds the optimizer on its first call
             reduced = self._hpcrep_reducer.reduce(grads, self._hpcrep_sources(variables))
             with reduced_scope():  # a LossScaleOptimizer base class must not reduce again
-                return super().apply(reduced, variables)
+                applied = super().apply(reduced, variables)
+            # The timeline's step boundary (when it records): after the exchange has returned
+            # (stateful host calls are not ordered after the variable updates by themselves).
+            mark_step("apply", "end", after=[reduced, self.iterations])
+            return applied
         if not self.built:
             if variables is None:
                 raise CollectiveArgumentError(
@@ -69,7 +74,9 @@ class _DistributedMixin:
             # Keras's own build, once, here: its apply would otherwise create the slots inside
             # the tf.cond branch below, which runs only on the k-th pass.
             self.build(variables)
-        return self._hpcrep_accumulate_and_apply(grads, variables)
+        applied = self._hpcrep_accumulate_and_apply(grads, variables)
+        mark_step("apply", "end", after=applied)
+        return applied
 
     def _hpcrep_sources(self, variables: Optional[list]) -> list:
         """The variables ``grads`` belong to: those passed, else those the optimizer was built on

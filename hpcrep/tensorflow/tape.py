@@ -10,6 +10,7 @@ import tensorflow as tf
 from hpcrep.comm.ops import ReduceOp
 from hpcrep.tensorflow.compression import Compression, Compressor
 from hpcrep.tensorflow.gradients import GradientReducer
+from hpcrep.tensorflow.timeline import mark_step
 from hpcrep.tensorflow.variables import local_layer_variables, variable_key
 
 
@@ -43,6 +44,7 @@ class _DistributedGradientTape(tf.GradientTape):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)
         reduced = self._hpcrep_reducer.reduce(flat, tf.nest.flatten(sources), name="tape")
+        mark_step("gradient", "end", after=reduced)  # the timeline's step boundary
         return tf.nest.pack_sequence_as(grads, reduced)
 
 

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 
 from hpcrep import comm
+from hpcrep.comm import timeline
 from hpcrep.tensorflow.variables import broadcast_variables, variable_key
 
 
@@ -57,6 +58,19 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         broadcast_variables([v for v in variables if variable_key(v) not in self.local_variables],
                             self.root_rank)
         self.broadcast_done = True
+
+
+class TimelineCallback(keras.callbacks.Callback):
+    """Mark each ``fit`` batch as a step of the timeline (``HPCREP_TIMELINE``,
+    ``hvd.start_timeline``): the batch's start and end, data loading and callbacks included.
+    Transparent mode adds it to every ``fit``; it does nothing while no timeline records.
+    Local."""
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
+        timeline.step_begin("fit")
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        timeline.step_end("fit")
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -5,7 +5,8 @@ from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
 from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                 LearningRateScheduleCallback,
                                                 LearningRateWarmupCallback,
-                                                MetricAverageCallback)
+                                                MetricAverageCallback, TimelineCallback)
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
-           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BackupAndRestore"]
+           "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BackupAndRestore",
+           "TimelineCallback"]

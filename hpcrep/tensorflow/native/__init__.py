@@ -263,6 +263,12 @@ def ops() -> Any:
     return _load().ops
 
 
+def library_if_loaded() -> Optional[Library]:
+    """Return the compiled library's C interface where it is built and loads (whatever
+    ``HPCREP_NATIVE`` says: its event ring serves the timeline), else None. Local."""
+    return _load().library
+
+
 def host_status_op() -> Optional[Callable[..., Any]]:
     """Return the op that raises a host call's error with its own TensorFlow error code
     (``hpcrep_check_host_status``; see :func:`hpcrep.tensorflow.bridge.host_call`), or None

@@ -7,6 +7,7 @@
 #include "engine.h"
 #include "kernels.h"
 #include "registry.h"
+#include "timeline.h"
 
 extern "C" {
 
@@ -66,6 +67,26 @@ double hpcrep_native_busy(char* what, int64_t size) {
     }
   });
   return oldest;
+}
+
+// The event ring (timeline.h): start or stop recording (the ring is made on the first call).
+void hpcrep_native_timeline_enable(int on, int mark_cycles) {
+  hpcrep::TimelineEnable(on != 0, mark_cycles != 0);
+}
+
+// Copy at most max records written after cursor into out; returns how many. *next is the
+// cursor for the next read, *lost how many records were overwritten before they were read.
+int64_t hpcrep_native_timeline_read(int64_t cursor, void* out, int64_t max, int64_t* next,
+                                    int64_t* lost) {
+  return hpcrep::TimelineRead(cursor, static_cast<hpcrep::TimelineRecord*>(out), max, next,
+                              lost);
+}
+
+// The size of one record and of the ring, for the reader to check its mirror of the layout.
+int64_t hpcrep_native_timeline_layout(int64_t* slots, int64_t* stamps) {
+  *slots = hpcrep::kSlots;
+  *stamps = hpcrep::kStamps;
+  return static_cast<int64_t>(sizeof(hpcrep::TimelineRecord));
 }
 
 // The numbering this library was built with, for the loader to check against Python's: the

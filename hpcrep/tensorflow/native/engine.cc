@@ -3,6 +3,8 @@
 #include "engine.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 
 #if defined(__linux__)
@@ -97,9 +99,40 @@ void Engine::Loop() {
   Offer offer;
   while (NextOffer(&offer)) {
     if (!offer.pending.empty()) SetBusy(Now(), offer.pending[0]->description);
+    int64_t cycle_start = TimelineCycles() ? NowNs() : 0;
     Execute(offer, Negotiate(offer));
+    if (cycle_start != 0) RecordCycle(cycle_start, static_cast<int64_t>(offer.pending.size()));
     SetBusy(0, "");
   }
+}
+
+// With mark_cycles, one record per cycle: from its start to the end of its work.
+void Engine::RecordCycle(int64_t start, int64_t offered) {
+  TimelineRecord record{};
+  record.kind = kCycleRecord;
+  record.request = cycles_.load();
+  record.cycle = cycles_.load();
+  record.group_size = offered;
+  record.t[kNegotiateStart] = start;
+  record.t[kFinished] = NowNs();
+  std::snprintf(record.name, kNameBytes, "cycle");
+  TimelineWrite(record);
+}
+
+void RecordRequest(const Request& r) {
+  if (r.stamps[kOpStart] == 0) return;
+  TimelineRecord record{};
+  record.kind = kRequestRecord;
+  record.engine = r.engine;
+  record.request = r.id;
+  record.group = r.group;
+  record.cycle = r.cycle;
+  record.group_size = r.group_size;
+  record.bytes = static_cast<int64_t>(r.buffer.TotalBytes());
+  record.group_bytes = r.group_bytes;
+  std::memcpy(record.t, r.stamps, sizeof(record.t));
+  std::snprintf(record.name, kNameBytes, "%s", r.description.c_str());
+  TimelineWrite(record);
 }
 
 // Wait until this rank has something for a cycle: queued requests or a join(). Returns false

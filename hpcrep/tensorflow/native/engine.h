@@ -31,6 +31,7 @@
 
 #include "common.h"
 #include "kernels.h"
+#include "timeline.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace hpcrep {
@@ -52,8 +53,16 @@ struct Request {
   tensorflow::Status status;
   std::function<void()> on_finish;  // set by the Wait kernel if it arrives first
 
+  // For the timeline (timeline.h), filled only while it records: when each phase happened, and
+  // the fusion group and cycle the request was reduced in.
+  int64_t stamps[kStamps] = {};
+  int64_t id = 0, engine = 0, group = 0, cycle = 0, group_size = 0, group_bytes = 0;
+
   void Finish(tensorflow::Status s);
 };
+
+// Write the request's timeline record (when it was stamped from its start). Any thread.
+void RecordRequest(const Request& request);
 
 using Batch = std::vector<std::shared_ptr<Request>>;
 
@@ -80,6 +89,7 @@ struct Agreement {
   bool some_joined = false;  // some rank waits in join() and takes part with zeros
   int64_t ready = 0;         // requests queued on every active rank (the common prefix)
   bool mismatch = false;     // the signatures of that prefix differ between ranks
+  int64_t negotiate_start = 0, negotiate_end = 0;  // steady-clock ns, while the timeline records
 };
 
 // Per request, what a rank waiting in join() needs to take part: shared by the lowest active rank.
@@ -123,6 +133,7 @@ class Engine {
   void LeaveJoin();
   void SetBusy(double since, const std::string& what);
   void Stop();
+  void RecordCycle(int64_t start, int64_t offered);
   static int Await(MPI_Request* request);
 
   // negotiate.cc: what every rank has ready, and what ranks in join() need.

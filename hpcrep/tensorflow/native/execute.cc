@@ -56,6 +56,13 @@ void Engine::Execute(const Offer& offer, const Agreement& agreement) {
     }
     if (offer.joined) batch = ZeroRequests(layout);
   }
+  if (agreement.negotiate_start != 0) {
+    for (auto& r : batch) {
+      r->stamps[kNegotiateStart] = agreement.negotiate_start;
+      r->stamps[kNegotiateEnd] = agreement.negotiate_end;
+      r->cycle = cycles_.load() + 1;
+    }
+  }
   Reduce(batch);
 }
 
@@ -81,6 +88,12 @@ void Engine::Reduce(const Batch& batch) {
       if (s.ok()) {
         Scaling(r->dtype, r->kind, size_, 1.0, r->postscale).After(r->buffer.data(), r->length);
       }
+      if (r->stamps[kNegotiateStart] != 0) {
+        r->stamps[kUnpackEnd] = r->stamps[kFinished] = NowNs();
+        r->group = batch[i]->id;
+        r->group_size = static_cast<int64_t>(j - i);
+        r->group_bytes = bytes;
+      }
       r->Finish(s);
     }
     i = j;
@@ -91,9 +104,24 @@ tensorflow::Status Engine::ReduceGroup(const Batch& batch, size_t i, size_t j) {
   const Request& first = *batch[i];
   const TypeInfo& info = Info(first.dtype);
   MPI_Op op = MpiOp(first.dtype, first.kind);
-  if (size_ == 1) return tensorflow::Status();
+  // While the timeline records: when the copy into the fusion buffer, MPI and the copy out
+  // happen, for every request of the group.
+  const bool stamped = first.stamps[kNegotiateStart] != 0;
+  auto stamp = [&](int which) {
+    if (!stamped) return;
+    int64_t now = NowNs();
+    for (size_t k = i; k < j; ++k) batch[k]->stamps[which] = now;
+  };
+  stamp(kFuseStart);
+  if (size_ == 1) {
+    stamp(kMpiStart);
+    stamp(kMpiEnd);
+    return tensorflow::Status();
+  }
   if (j == i + 1) {
+    stamp(kMpiStart);
     int rc = AllreduceLarge(first.buffer.data(), first.length, info, op, first.chunk_bytes);
+    stamp(kMpiEnd);
     return rc == MPI_SUCCESS ? tensorflow::Status() : MpiError(rc);
   }
   int64_t total = 0;
@@ -105,7 +133,9 @@ tensorflow::Status Engine::ReduceGroup(const Batch& batch, size_t i, size_t j) {
     std::memcpy(p, batch[k]->buffer.data(), batch[k]->buffer.TotalBytes());
     p += batch[k]->buffer.TotalBytes();
   }
+  stamp(kMpiStart);
   int rc = AllreduceLarge(scratch_.data(), total, info, op, first.chunk_bytes);
+  stamp(kMpiEnd);
   p = scratch_.data();
   for (size_t k = i; k < j; ++k) {
     std::memcpy(batch[k]->buffer.data(), p, batch[k]->buffer.TotalBytes());

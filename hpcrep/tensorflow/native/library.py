@@ -61,6 +61,11 @@ class Library:
         lib.hpcrep_native_stats.argtypes = [i64, p64, p64]
         lib.hpcrep_native_busy.argtypes = [ctypes.c_char_p, i64]
         lib.hpcrep_native_busy.restype = ctypes.c_double
+        lib.hpcrep_native_timeline_enable.argtypes = [ctypes.c_int, ctypes.c_int]
+        lib.hpcrep_native_timeline_read.argtypes = [i64, ctypes.c_void_p, i64, p64, p64]
+        lib.hpcrep_native_timeline_read.restype = i64
+        lib.hpcrep_native_timeline_layout.argtypes = [p64, p64]
+        lib.hpcrep_native_timeline_layout.restype = i64
         for table in (lib.hpcrep_native_reduce_ops, lib.hpcrep_native_error_kinds):
             table.argtypes = [p64, ctypes.c_int]
             table.restype = ctypes.c_int
@@ -100,6 +105,25 @@ class Library:
         text = ctypes.create_string_buffer(512)
         since = self._lib.hpcrep_native_busy(text, 512)
         return None if since <= 0 else (since, text.value.decode(errors="replace"))
+
+    def timeline_enable(self, on: bool, mark_cycles: bool) -> None:
+        """Start or stop stamping allreduces into the event ring (timeline.h)."""
+        self._lib.hpcrep_native_timeline_enable(int(on), int(mark_cycles))
+
+    def timeline_layout(self) -> tuple[int, int, int]:
+        """Return (bytes per record, records in the ring, stamps per record)."""
+        slots, stamps = ctypes.c_int64(), ctypes.c_int64()
+        size = self._lib.hpcrep_native_timeline_layout(ctypes.byref(slots), ctypes.byref(stamps))
+        return size, slots.value, stamps.value
+
+    def timeline_read(self, cursor: int, out: ctypes.Array) -> tuple[int, int, int]:
+        """Copy records written after ``cursor`` into ``out`` (an array of records); return
+        (records copied, the next cursor, records lost to overwriting)."""
+        nxt, lost = ctypes.c_int64(), ctypes.c_int64()
+        n = self._lib.hpcrep_native_timeline_read(cursor, ctypes.cast(out, ctypes.c_void_p),
+                                                  len(out), ctypes.byref(nxt),
+                                                  ctypes.byref(lost))
+        return n, nxt.value, lost.value
 
     def numbering_mismatch(self) -> Optional[str]:
         """Return how the library's numbering of reductions and errors differs from Python's

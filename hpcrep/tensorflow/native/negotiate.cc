@@ -41,9 +41,11 @@ Agreement Engine::Negotiate(const Offer& offer) {
   std::vector<int64_t> control = Control(offer);
   Agreement agreement;
   MPI_Request request;
+  agreement.negotiate_start = StampIfOn();
   agreement.rc = MPI_Iallreduce(MPI_IN_PLACE, control.data(), static_cast<int>(control.size()),
                                 MPI_INT64_T, MPI_MAX, comm_, &request);
   if (agreement.rc == MPI_SUCCESS) agreement.rc = Await(&request);
+  agreement.negotiate_end = agreement.negotiate_start ? NowNs() : 0;
   if (agreement.rc != MPI_SUCCESS) return agreement;
   agreement.all_joined = control[2] == -1;
   agreement.some_joined = control[1] == 1;

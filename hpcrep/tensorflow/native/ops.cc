@@ -60,6 +60,7 @@ class StartOp : public OpKernel {
   bool IsExpensive() override { return false; }
 
   void Compute(OpKernelContext* ctx) override {
+    const int64_t op_start = StampIfOn();
     Engine* engine = FindEngine(engine_);
     OP_REQUIRES(ctx, engine != nullptr,
                 EngineError(ErrorKind::kFreed,
@@ -106,6 +107,12 @@ class StartOp : public OpKernel {
       offset += padded;
     }
     int64_t handle = AddRequest(request);
+    if (op_start != 0) {
+      request->id = handle;
+      request->engine = engine_;
+      request->stamps[kOpStart] = op_start;
+      request->stamps[kEnqueued] = NowNs();
+    }
     engine->Enqueue(request);
     tensorflow::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
@@ -138,7 +145,10 @@ class WaitOp : public AsyncOpKernel {
       } else {
         ctx->set_output(0, request->buffer);
       }
+      const bool stamped = request->stamps[kOpStart] != 0;
+      if (stamped) request->stamps[kReturned] = NowNs();
       done();
+      if (stamped) RecordRequest(*request);  // request is still ours (shared)
     };
     // A small allreduce is often done within microseconds: finishing here, on this thread,
     // spares TensorFlow a wake-up from the communication thread.

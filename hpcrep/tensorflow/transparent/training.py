@@ -30,7 +30,8 @@ import numpy as np
 from hpcrep import comm
 from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
 from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback,
-                                                MetricAverageCallback, average_logs)
+                                                MetricAverageCallback, TimelineCallback,
+                                                average_logs)
 from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.replica_check import watch_model
 from hpcrep.tensorflow.transparent import sharding
@@ -68,8 +69,8 @@ def distributed_callbacks(callbacks: Any, checkpoint: Optional[keras.callbacks.C
     user = [_distributed(cb) for cb in user]
     kept = user if comm.rank() == 0 else [cb for cb in user
                                           if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
-    return [BroadcastGlobalVariablesCallback(root_rank=0), MetricAverageCallback(), *kept,
-            *([checkpoint] if checkpoint is not None else [])]
+    return [BroadcastGlobalVariablesCallback(root_rank=0), MetricAverageCallback(),
+            TimelineCallback(), *kept, *([checkpoint] if checkpoint is not None else [])]
 
 
 def _quiet_off_root(arguments: dict) -> None:
