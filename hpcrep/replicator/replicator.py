@@ -212,7 +212,10 @@ class Replicator:
                        ) -> keras.optimizers.Optimizer:
         """Return ``optimizer`` averaging gradients over the replicas that step together.
 
-        ``kwargs`` go to :func:`hpcrep.tensorflow.DistributedOptimizer` (compression, op, ...).
+        With several ranks per replica it averages over the ranks with this rank's shard index
+        (the communicator current in :meth:`run`): whole variables over the replicas, sharded
+        ones over the copies of the same shard. ``kwargs`` go to
+        :func:`hpcrep.tensorflow.DistributedOptimizer` (compression, op, ...).
         An optimizer that already reduces its gradients is returned unchanged.
         """
         if is_distributed(optimizer):
