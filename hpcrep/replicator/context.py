@@ -1,10 +1,11 @@
 """Input and replica contexts: what ``input_fn`` and ``step_fn`` know about their replica.
 
-A replica is an abstraction over ranks: today each rank runs one replica, so replica ``i`` of a
-sync group is the group's rank ``i`` (job rank ``group.ranks[i]``); the mapping lives only in
-:meth:`ReplicaContext._rank_of` so that several replicas per rank can be added without changing
-user code. The primitives run on the communicator of the replicas that step together, which
-``Replicator.run`` makes current around ``step_fn``.
+A replica is an abstraction over ranks: each rank runs one replica, or with
+``ranks_per_replica = k`` each replica spans k ranks (:mod:`hpcrep.comm.mesh`). Replica ``i`` is
+rank ``i`` of the communicator of the replicas that step together (job rank
+``communicator.ranks[i]``): the job, a sync group, or the ranks with this rank's shard index; the
+mapping lives only in :meth:`ReplicaContext._rank_of`. The primitives run on that communicator,
+which ``Replicator.run`` makes current around ``step_fn``.
 
 The active replica context is a per-thread stack that :meth:`Replicator.run` pushes around each
 call of ``step_fn`` (eagerly, or while ``tf.function`` traces it). Using a primitive with no
@@ -22,6 +23,7 @@ from typing import Any, Iterator, Optional
 import tensorflow as tf
 
 from hpcrep.comm.communicator import Communicator
+from hpcrep.comm.mesh import Mesh
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import ReplicaContextError, ReplicatorError
 from hpcrep.tensorflow import collectives
@@ -61,12 +63,17 @@ class InputContext:
         num_replicas: replicas in the job; shard the data ``num_replicas`` ways.
         group_id: this replica's sync group (0 in the synchronous regime).
         num_groups: number of sync groups (1 in the synchronous regime).
+        shard_index: with replicas of several ranks, which of its replica's ranks builds this
+            input (0 .. num_shards - 1); every rank of a replica must build the same data.
+        num_shards: ranks per replica (1 unless ``Replicator(ranks_per_replica=k)``).
     """
 
     replica_id: int
     num_replicas: int
     group_id: int = 0
     num_groups: int = 1
+    shard_index: int = 0
+    num_shards: int = 1
 
     def shard(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """Return this replica's share of ``dataset`` (every ``num_replicas``-th element), marked
@@ -81,15 +88,23 @@ class ReplicaContext:
     ``replica_id`` and ``num_replicas`` count the replicas that step together: all replicas in
     the synchronous regime, the replicas of this sync group in the asynchronous one. Every
     primitive is collective over those replicas: each must call it, in the same order.
+
+    With replicas of several ranks (``Replicator(ranks_per_replica=k)``) each rank of a replica
+    runs ``step_fn``; ``shard_index`` says which, ``model_parallel`` is the replica's ranks and
+    ``data_parallel`` the ranks with the same shard index in every replica. The primitives then
+    run on ``data_parallel``: a value that is the same on every rank of a replica (a loss) is
+    combined over the replicas, on every rank.
     """
 
     def __init__(self, replica_id: int, num_replicas: int, group_id: int = 0,
-                 num_groups: int = 1, communicator: Optional[Communicator] = None) -> None:
+                 num_groups: int = 1, communicator: Optional[Communicator] = None,
+                 mesh: Optional[Mesh] = None) -> None:
         self._replica_id = int(replica_id)
         self._num_replicas = int(num_replicas)
         self.group_id = int(group_id)
         self.num_groups = int(num_groups)
         self._communicator = communicator
+        self._mesh = mesh
 
     @property
     def replica_id(self) -> int:
@@ -102,6 +117,38 @@ class ReplicaContext:
         """Number of replicas that step together (and that the primitives span)."""
         self._check_active("num_replicas")
         return self._num_replicas
+
+    @property
+    def shard_index(self) -> int:
+        """This rank's place among its replica's ranks (0 with one rank per replica)."""
+        self._check_active("shard_index")
+        return self._mesh.shard_index if self._mesh is not None else 0
+
+    @property
+    def num_shards(self) -> int:
+        """Ranks per replica (1 unless the Replicator has ``ranks_per_replica > 1``)."""
+        self._check_active("num_shards")
+        return self._mesh.num_shards if self._mesh is not None else 1
+
+    @property
+    def mesh(self) -> Optional[Mesh]:
+        """The :class:`hpcrep.comm.mesh.Mesh` of replicas x shards (None without one)."""
+        self._check_active("mesh")
+        return self._mesh
+
+    @property
+    def model_parallel(self) -> Optional[Communicator]:
+        """This replica's ranks, in shard order (pass as ``process_set=``); None without a
+        mesh."""
+        self._check_active("model_parallel")
+        return self._mesh.model_parallel if self._mesh is not None else None
+
+    @property
+    def data_parallel(self) -> Optional[Communicator]:
+        """The ranks with this shard index, one per replica (where gradients are averaged);
+        None without a mesh."""
+        self._check_active("data_parallel")
+        return self._mesh.data_parallel if self._mesh is not None else None
 
     def all_reduce(self, op: Any, value: Any) -> Any:
         """Reduce ``value`` (a tensor or a nest of tensors) over the replicas: every replica gets
@@ -214,3 +261,32 @@ def current_or_none() -> Optional[ReplicaContext]:
     """Return the active replica context, or None."""
     stack = _stack()
     return stack[-1] if stack else None
+
+
+def _mesh_stack() -> list:
+    if not hasattr(_local, "meshes"):
+        _local.meshes = []
+    return _local.meshes
+
+
+@contextlib.contextmanager
+def building_with(mesh: Optional[Mesh]) -> Iterator[None]:
+    """Make ``mesh`` the one tensor-parallel layers created in this block shard over. Local.
+
+    ``Replicator.scope()`` wraps its block in it."""
+    _mesh_stack().append(mesh)
+    try:
+        yield
+    finally:
+        _mesh_stack().pop()
+
+
+def current_mesh() -> Optional[Mesh]:
+    """The mesh a tensor-parallel layer created now shards over: the innermost
+    :func:`building_with` block's, else the running ``step_fn``'s replica's, else None (one
+    shard). Local."""
+    meshes = _mesh_stack()
+    if meshes:
+        return meshes[-1]
+    ctx = current_or_none()
+    return ctx._mesh if ctx is not None else None

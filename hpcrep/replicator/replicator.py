@@ -19,6 +19,22 @@ TF-Replicator's programming model (Buchlovsky et al. 2019) over MPI ranks::
 
 ``run`` returns a :class:`PerReplica` (one value per replica this rank runs; today exactly one);
 ``reduce`` combines it over the replicas. Both work eagerly and inside ``tf.function``.
+
+Replicas of several ranks (tensor parallelism)::
+
+    rep = Replicator(ranks_per_replica=2)               # 4 ranks: 2 replicas x 2 shards
+    with rep.scope():
+        model = keras.Sequential([keras.Input((16,)),
+                                  ColumnParallelDense(64, activation="relu"),
+                                  RowParallelDense(1)])
+
+Each replica is ``ranks_per_replica`` consecutive ranks (:mod:`hpcrep.comm.mesh`) that run
+``step_fn`` on the same batch (``input_fn``'s ctx describes the replica), each holding one shard
+of the tensor-parallel layers (:mod:`hpcrep.replicator.tensor_parallel`). ``replica_id`` and
+``num_replicas`` keep counting replicas; ``ctx.shard_index``/``ctx.num_shards`` say which rank of
+its replica runs. ``wrap_optimizer`` averages every gradient over the ranks with the same shard
+index (``mesh.data_parallel``): over the replicas for whole variables, over the copies of the
+same shard for sharded ones. ``reduce`` and the context's primitives run there too.
 """
 
 from __future__ import annotations
@@ -30,15 +46,16 @@ import keras
 import tensorflow as tf
 
 from hpcrep import comm
-from hpcrep.errors import ReplicatorError
+from hpcrep.comm import mesh as mesh_mod
+from hpcrep.errors import CollectiveArgumentError, ReplicatorError
 from hpcrep.replicator import context as ctx_mod
 from hpcrep.replicator.context import InputContext, ReplicaContext, as_op
 from hpcrep.replicator.regimes import GroupRuntime, SyncGroups, as_regime
 from hpcrep.tensorflow import basics, collectives
 from hpcrep.tensorflow.optimizer import DistributedOptimizer, is_distributed
 from hpcrep.tensorflow.presharded import mark_presharded
+from hpcrep.tensorflow.sharded_variables import broadcast_from_first_replica
 from hpcrep.tensorflow.timeline import mark_step
-from hpcrep.tensorflow.variables import broadcast_variables
 
 
 class PerReplica(NamedTuple):
@@ -51,27 +68,48 @@ class PerReplica(NamedTuple):
 
 
 class Replicator:
-    """Replicates a single-replica ``step_fn`` over every rank, one replica per rank.
+    """Replicates a single-replica ``step_fn`` over every rank: one replica per rank, or per
+    ``ranks_per_replica`` consecutive ranks.
 
     Args:
         regime: ``"sync"`` (default), ``"async"`` (two sync groups), or a
             :class:`~hpcrep.replicator.Synchronous` / :class:`~hpcrep.replicator.SyncGroups`.
+        ranks_per_replica: ranks that hold one replica between them (default 1); must divide
+            the number of ranks. Above 1, the tensor-parallel layers created in :meth:`scope`
+            split their weights over a replica's ranks. Synchronous regime only.
+
+    Raises:
+        ReplicatorError: (on every rank) ``ranks_per_replica`` is not a positive integer that
+            divides the number of ranks, or is above 1 with sync groups.
+        CollectiveMismatchError: ranks passed different ``ranks_per_replica``.
 
     Creating and closing a Replicator is collective: every rank must do it, in the same order.
     Initialises hpcrep if needed. :meth:`run` and :meth:`reduce` run inside
     ``hpcrep.comm.using(...)`` of the replicas that step together: the job, or in the
-    asynchronous regime this rank's sync group (see :mod:`hpcrep.replicator.regimes`); nothing
-    else changes, so ``hvd.rank()`` and ``hvd.size()`` keep describing the job.
+    asynchronous regime this rank's sync group (see :mod:`hpcrep.replicator.regimes`), or with
+    several ranks per replica the ranks with this rank's shard index (:attr:`mesh`'s
+    ``data_parallel``); nothing else changes, so ``hvd.rank()`` and ``hvd.size()`` keep
+    describing the job.
     """
 
-    def __init__(self, regime: Any = "sync") -> None:
+    def __init__(self, regime: Any = "sync", ranks_per_replica: int = 1) -> None:
         basics.init()
         self.regime = as_regime(regime)
-        self._world_rank, self._world_size = comm.rank(), comm.size()
+        try:
+            self._mesh = mesh_mod.split(ranks_per_replica)
+        except CollectiveArgumentError as error:
+            raise ReplicatorError(f"Replicator(ranks_per_replica={ranks_per_replica!r}): "
+                                  f"{error}") from None
+        if isinstance(self.regime, SyncGroups) and self._mesh.ranks_per_replica > 1:
+            self._mesh.free()
+            raise ReplicatorError(
+                f"Replicator(ranks_per_replica={ranks_per_replica}) runs in the synchronous "
+                "regime only; sync groups of multi-rank replicas are not implemented. Use "
+                "regime='sync', or ranks_per_replica=1 with SyncGroups.")
         self._group: Optional[GroupRuntime] = None
         if isinstance(self.regime, SyncGroups):
             self._group = GroupRuntime(self.regime)
-        self._communicator = self._group.group if self._group else comm.communicator()
+        self._communicator = self._group.group if self._group else self._mesh.data_parallel
         self._iterators: dict[tuple[int, int], tuple[Iterator, Callable]] = {}
         self._closed = False
 
@@ -80,21 +118,39 @@ class Replicator:
     @property
     def num_replicas(self) -> int:
         """Replicas in the whole job (every sync group)."""
-        return self._world_size
+        return self._mesh.num_replicas
 
     @property
     def num_replicas_in_sync(self) -> int:
         """Replicas that step together: all of them, or this rank's sync group."""
-        return self._group.layout.group_size if self._group else self._world_size
+        return self._group.layout.group_size if self._group else self._mesh.num_replicas
 
     @property
     def local_replica_ids(self) -> tuple[int, ...]:
-        """Job-wide ids of the replicas this rank runs (today: one, equal to the rank)."""
-        return (self._world_rank,)
+        """Job-wide ids of the replicas this rank runs (today: one; the rank divided by
+        ``ranks_per_replica``)."""
+        return (self._mesh.replica_id,)
+
+    @property
+    def ranks_per_replica(self) -> int:
+        """Ranks that hold one replica (the shards of its tensor-parallel layers)."""
+        return self._mesh.ranks_per_replica
+
+    @property
+    def shard_index(self) -> int:
+        """This rank's place among its replica's ranks (0 with one rank per replica)."""
+        return self._mesh.shard_index
+
+    @property
+    def mesh(self) -> mesh_mod.Mesh:
+        """The replicas x shards layout: ``model_parallel`` (this replica's ranks) and
+        ``data_parallel`` (the ranks with this shard index) communicators."""
+        return self._mesh
 
     @property
     def communicator(self) -> comm.Communicator:
-        """The replicas that step together: the job, or this rank's sync group.
+        """The replicas that step together: the job, this rank's sync group, or with several
+        ranks per replica the ranks with this rank's shard index.
 
         ``run`` and ``reduce`` make it current; elsewhere pass it as ``process_set=`` to an
         ``hvd.*`` collective (or ``communicator=`` to :mod:`hpcrep.comm`) to reach the group.
@@ -116,12 +172,13 @@ class Replicator:
             lay = self._group.layout
             return ReplicaContext(lay.group_rank, lay.group_size, lay.group_id, lay.num_groups,
                                   self._communicator)
-        return ReplicaContext(self.local_replica_ids[local_index], self._world_size,
-                              communicator=self._communicator)
+        return ReplicaContext(self.local_replica_ids[local_index], self._mesh.num_replicas,
+                              communicator=self._communicator, mesh=self._mesh)
 
     def _input_context(self, local_index: int) -> InputContext:
-        return InputContext(self.local_replica_ids[local_index], self._world_size, self.group_id,
-                            self.num_groups)
+        return InputContext(self.local_replica_ids[local_index], self._mesh.num_replicas,
+                            self.group_id, self.num_groups, self._mesh.shard_index,
+                            self._mesh.num_shards)
 
     # -- variables -----------------------------------------------------------------------------
 
@@ -130,8 +187,10 @@ class Replicator:
         """Variables created in this block start with replica 0's values on every replica.
 
         Records every variable created inside (``tf.variable_creator_scope``) and broadcasts
-        them from replica 0 on exit, over the whole job. In the asynchronous regime the trainable
-        ones become the parameters the groups exchange.
+        them from replica 0 on exit, over the whole job; a sharded variable of a
+        tensor-parallel layer (which the layers created here split over this Replicator's
+        replicas) only among the ranks holding the same shard. In the asynchronous regime the
+        trainable ones become the parameters the groups exchange.
 
         Collective: every rank must enter and leave the block, in the same order.
         """
@@ -143,10 +202,10 @@ class Replicator:
             created.append(variable)
             return variable
 
-        with tf.variable_creator_scope(record):
+        with tf.variable_creator_scope(record), ctx_mod.building_with(self._mesh):
             yield self
         with comm.using(comm.communicator()):  # over the whole job, every group alike
-            broadcast_variables(created, root_rank=0)
+            broadcast_from_first_replica(created, self._mesh.data_parallel)
         if self._group and any(v.trainable and v.dtype.is_floating for v in created):
             self._group.attach(created)
 
@@ -154,7 +213,10 @@ class Replicator:
                        ) -> keras.optimizers.Optimizer:
         """Return ``optimizer`` averaging gradients over the replicas that step together.
 
-        ``kwargs`` go to :func:`hpcrep.tensorflow.DistributedOptimizer` (compression, op, ...).
+        With several ranks per replica it averages over the ranks with this rank's shard index
+        (the communicator current in :meth:`run`): whole variables over the replicas, sharded
+        ones over the copies of the same shard. ``kwargs`` go to
+        :func:`hpcrep.tensorflow.DistributedOptimizer` (compression, op, ...).
         An optimizer that already reduces its gradients is returned unchanged.
         """
         if is_distributed(optimizer):
@@ -337,6 +399,7 @@ class Replicator:
             return
         if self._group:
             self._group.close()
+        self._mesh.free()
         self._iterators.clear()
         self._closed = True
 

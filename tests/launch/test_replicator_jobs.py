@@ -1,7 +1,8 @@
 """The Replicator's jobs/ examples as real MPI jobs: the synchronous regime at 2 ranks, and sync
 groups at 4 ranks progressing at different rates (one group sleeps every step and, at step
 HOLD_AT, waits until the other group has finished all its steps: any lockstep between groups
-would deadlock, which the timeout turns into a failure) yet converging to one model."""
+would deadlock, which the timeout turns into a failure) yet converging to one model; and
+replicas of 2 ranks sharding a click model (tensor parallelism) at 4 ranks."""
 
 import json
 
@@ -45,3 +46,13 @@ def test_async_groups_progress_at_different_rates_and_converge(mpirun):
     assert out["final_group_steps"] == [STEPS, STEPS]
     assert out["weights_equal"]
     assert out["final_loss"] < 0.01 * out["initial_loss"]
+
+
+@pytest.mark.timeout(500)
+def test_tensor_parallel_job_learns_holding_half_the_parameters_per_rank(mpirun):
+    out = printed_result(mpirun, 4, "replicator_tensor_parallel.py", "--ranks-per-replica", 2,
+                         "--steps", 60)
+    assert (out["ranks"], out["ranks_per_replica"], out["replicas"]) == (4, 2, 2)
+    assert out["last_loss"] < 0.8 * out["first_loss"]
+    held, whole = out["parameter_bytes_per_rank"], out["parameter_bytes_unsharded"]
+    assert len(held) == 4 and all(0.5 * whole <= h < 0.51 * whole for h in held)

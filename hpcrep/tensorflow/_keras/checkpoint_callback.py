@@ -20,6 +20,7 @@ from hpcrep import comm, config
 from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, host_rng_state,
                                requeue, set_host_rng_state, slurm_job_id)
 from hpcrep.errors import CheckpointError
+from hpcrep.tensorflow import sharded_variables
 from hpcrep.tensorflow._keras import lr_scale
 
 log = logging.getLogger("hpcrep.checkpoint")
@@ -58,29 +59,44 @@ def _optimizer_variables(model: Any, optimizer: Any) -> list:
 
 
 def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
-    """Return ``{"model": [...], "optimizer": [...], "rng": {...}}`` as numpy arrays. Local.
+    """Return ``{"model": [...], "optimizer": [...], "rng": {...}}`` as numpy arrays.
 
     The optimizer is built first if needed, so its slots are included. A learning rate that
     transparent mode multiplied by the number of ranks is saved unscaled
-    (:mod:`hpcrep.tensorflow._keras.lr_scale`).
+    (:mod:`hpcrep.tensorflow._keras.lr_scale`). Sharded variables of tensor-parallel layers,
+    and their optimizer slots, are saved whole: gathered over the replica's ranks
+    (:mod:`hpcrep.tensorflow.sharded_variables`), so the state is that of the same model
+    unsharded.
+
+    Local for a model without sharded variables; with them, collective: every rank must call
+    this, in the same order.
     """
+    variables = list(model.variables)
+    slots = _optimizer_variables(model, optimizer)
+    var_specs, slot_specs = sharded_variables.specs_of(variables, slots)
     with lr_scale.unscaled(optimizer):
-        return {"model": [np.asarray(v.numpy()) for v in model.variables],
-                "optimizer": [np.asarray(v.numpy())
-                              for v in _optimizer_variables(model, optimizer)],
+        return {"model": [sharded_variables.full_value(v, s)
+                          for v, s in zip(variables, var_specs)],
+                "optimizer": [sharded_variables.full_value(v, s)
+                              for v, s in zip(slots, slot_specs)],
                 "rng": {**host_rng_state(), **tf_rng_state()}}
 
 
 def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> None:
     """Assign a checkpoint's model and optimizer variables and RNG state. Local.
 
+    A sharded variable (and its optimizer slots) takes this rank's slice of the whole variable
+    the checkpoint holds, whatever the number of shards it was saved with.
+
     Raises:
         CheckpointError: the checkpoint's variables do not match the model's or optimizer's
             (count or shapes); the message names the first mismatch.
     """
-    pairs = [("model", list(model.variables)),
-             ("optimizer", _optimizer_variables(model, optimizer))]
-    for group, variables in pairs:
+    variables = list(model.variables)
+    slots = _optimizer_variables(model, optimizer)
+    var_specs, slot_specs = sharded_variables.specs_of(variables, slots)
+    pairs = [("model", variables, var_specs), ("optimizer", slots, slot_specs)]
+    for group, variables, specs in pairs:
         saved = ckpt.list(group)
         if group == "optimizer" and optimizer is None:
             continue
@@ -88,12 +104,14 @@ def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> 
             raise CheckpointError(
                 f"{ckpt.path} holds {len(saved)} {group} variables, this {group} has "
                 f"{len(variables)}; restore into the same architecture/optimizer it was saved from")
-        for i, (v, a) in enumerate(zip(variables, saved)):
-            if tuple(v.shape) != a.shape:
+        for i, (v, a, spec) in enumerate(zip(variables, saved, specs)):
+            expected = tuple(v.shape) if spec is None else spec.full_shape(v.shape)
+            if expected != a.shape:
+                sharded = "" if spec is None else " (whole; this rank holds a slice)"
                 raise CheckpointError(f"{ckpt.path}: {group} variable {i} ({v.path}) has shape "
-                                      f"{tuple(v.shape)}, the checkpoint has {a.shape}")
-        for v, a in zip(variables, saved):
-            v.assign(a)
+                                      f"{expected}{sharded}, the checkpoint has {a.shape}")
+        for v, a, spec in zip(variables, saved, specs):
+            v.assign(sharded_variables.slice_of(a, spec, str(v.path)))
     lr_scale.rescale_after_load(optimizer)
     rng = ckpt.group("rng")
     if rng:
