@@ -29,9 +29,16 @@ starting value until compression begins. The step counter counts exchanges (with
 
 Determinism: the starting ``Q`` comes from a seeded normal generator (numpy, ``seed`` and the
 matrix's position) and is orthonormalised in float64, so every rank starts from the same bits
-without communicating; everything after is a deterministic function of allreduced values (the
-same on every rank) and of this rank's ``M``. Gradients of every rank are therefore bitwise
-equal after each step. float16/bfloat16 gradients are compressed in float32 and cast back.
+without communicating (needed for ``P`` to be ``average(M) Q``, not for agreement). ``G_hat`` is
+a deterministic function of the two averages alone, which every rank receives bitwise equal, so
+every rank applies bitwise the same gradients. float16/bfloat16 gradients are compressed in
+float32 and cast back.
+
+Error buffers: their mean over ranks is what the applied gradients lag the true average by (the
+sum of the applied gradients over steps equals the sum of the averages minus it), and it stays
+bounded. Each rank's own ``E`` also carries the running sum of that rank's gradients' differences
+from the average, which only the mean cancels, so one rank's ``E`` can grow like a random walk
+(as in the paper's algorithm: ``e_w = M_w - decompress(C)``).
 
 State: per compressed matrix ``Q`` (the same on every rank) and ``E`` (this rank's own), plus
 the step counter. A ``DistributedOptimizer`` makes ``Q`` and the counter its own variables when it
