@@ -10,6 +10,12 @@ the backward pass, side by side in one MPI job.
 - ``hpcrep_python``: the same with ``HPCREP_NATIVE=off`` (the Python path);
 - ``hpcrep_fp16``: the defaults with ``compression=hvd.Compression.fp16`` (half the bytes on the
   wire, overlapped the same way);
+- ``hpcrep_powersgd2``, ``hpcrep_powersgd4``: the defaults with
+  ``compression=hvd.Compression.powersgd(rank=2 or 4)`` (PowerSGD, no warm-up: two fused
+  allreduces of low-rank factors per step); the probes ``powersgd2_compute`` and
+  ``powersgd4_compute`` time its arithmetic alone on the same gradients (P = M Q, orthonormalise,
+  Q = M^T P, error update; no exchange), and the report gives the bytes each rank sends per step
+  against float32;
 - ``hpcrep_no_chunk``: the defaults with ``HPCREP_ALLREDUCE_CHUNK=0`` (each bucket in one
   ``MPI_Allreduce`` instead of pieces of at most 4 MiB);
 - ``horovod``: ``horovod.tensorflow.grouped_allreduce`` of the gradients (its
@@ -80,6 +86,10 @@ def _variants(model: Any, images: Any, labels: Any, group: str) -> dict[str, Cal
             hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
         "hpcrep_fp16": optimizer_step(hvd.DistributedOptimizer(
             keras.optimizers.SGD(0.001), compression=hvd.Compression.fp16)),
+        **{f"hpcrep_powersgd{r}": optimizer_step(hvd.DistributedOptimizer(
+            keras.optimizers.SGD(0.001), compression=hvd.Compression.powersgd(r)))
+           for r in POWERSGD_RANKS},
+        **{f"powersgd{r}_compute": _powersgd_compute(variables, r) for r in POWERSGD_RANKS},
         "hpcrep_no_chunk": with_env("HPCREP_ALLREDUCE_CHUNK", "0", optimizer_step(
             hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
         # for the report's ceilings, not training steps: the forward pass and loss alone, and
@@ -108,6 +118,33 @@ def _exchange_step(variables: Sequence[Any], compression: Any) -> Callable[[], A
     return exchange
 
 
+def _powersgd_compute(variables: Sequence[Any], rank: int) -> Callable[[], Any]:
+    """A compiled step that runs PowerSGD's own arithmetic of one step on gradient-shaped
+    tensors, with no exchange, and returns a scalar that depends on every result. Local."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+    grads = [tf.random.stateless_normal(v.shape, [rank, i], dtype=v.dtype)
+             for i, v in enumerate(variables)]
+    psgd = hvd.Compression.powersgd(rank)
+    psgd.build(variables)
+
+    @tf.function
+    def compute() -> Any:
+        out = psgd.compute_alone(grads, variables)
+        return tf.add_n([tf.reshape(g, [-1])[0] for g in out])
+    return compute
+
+
+def powersgd_bytes(variables: Sequence[Any]) -> dict[str, int]:
+    """Bytes one rank sends per compressed step at each of :data:`POWERSGD_RANKS`. Local."""
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+    return {str(r): hvd.Compression.powersgd(r).bytes_per_step(variables)[0]
+            for r in POWERSGD_RANKS}
+
+
 def _horovod_step(model: Any, images: Any, labels: Any, loss_fn: Any) -> Callable[[], Any]:
     """The same step with Horovod's ``grouped_allreduce``; starts Horovod. Collective."""
     import horovod.tensorflow as horovod  # noqa: PLC0415
@@ -131,8 +168,10 @@ def _horovod_step(model: Any, images: Any, labels: Any, loss_fn: Any) -> Callabl
     return horovod_step
 
 
-def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpcrep") -> dict:
-    """Time every variant inside the MPI job; rank 0 returns the results. Collective."""
+def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpcrep",
+           only: Sequence[str] = ()) -> dict:
+    """Time every variant (those named in ``only``, if any) inside the MPI job; rank 0 returns
+    the results. Collective."""
     import keras  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
@@ -151,6 +190,8 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
     model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
                                         classifier_activation=None)
     variants = _variants(model, images, labels, group)
+    if only:
+        variants = {k: v for k, v in variants.items() if k in only or k == "nosync"}
     for fn in variants.values():  # trace and warm up
         fn()
         fn().numpy()
@@ -181,10 +222,14 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
             "ranks": hvd.size(), "hosts": sorted(set(comm.allgather(platform.node()))),
             "threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "native": native.status()[1], "gradient_bytes": grads_bytes,
+            "powersgd_bytes": powersgd_bytes(model.trainable_variables),
             "image_size": image_size, "batch": batch, "steps": steps, "reps": reps}
 
 
-PROBES = ("forward", "exchange", "exchange_fp16")  # timed for the ceilings, not training steps
+POWERSGD_RANKS = (2, 4)
+# Timed for the ceilings and PowerSGD's own cost, not training steps.
+PROBES = ("forward", "exchange", "exchange_fp16",
+          *(f"powersgd{r}_compute" for r in POWERSGD_RANKS))
 
 
 def render_markdown(report: dict) -> str:
@@ -214,6 +259,12 @@ def render_markdown(report: dict) -> str:
               f"slowest rank's mean over {report['steps']} steps. Machine CPU: the busy time of "
               f"every core of the job's machines (/proc/stat, kernel network work included; "
               f"{report.get('cores') or '?'} cores in all)."]
+    sent = report.get("powersgd_bytes") or {}
+    if sent:
+        lines += ["", "PowerSGD sends per rank and step " + "; ".join(
+            f"rank {r}: {b / 1e6:.2f} MB ({b / report['gradient_bytes']:.3f} of float32)"
+            for r, b in sent.items()) + " (two allreduces of factors and the uncompressed "
+            "vectors)."]
     probes = [f"{name} {report['step_ms'][name]:.0f} ms ({_ms(busy.get(name))} ms of CPU)"
               for name in PROBES if name in report["step_ms"]]
     if probes:
@@ -290,11 +341,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--cluster-nodes", type=int, default=0)
     parser.add_argument("--link", help="with --cluster-nodes: link cap (2gbit, ...)")
     parser.add_argument("--out", help="report directory (default reports/overlap-<timestamp>)")
+    parser.add_argument("--variants", default="",
+                        help="comma-separated variants and probes to time (default: all; "
+                             "nosync always)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--group", default="hpcrep", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        result = worker(args.image_size, args.batch, args.steps, args.reps, args.group)
+        result = worker(args.image_size, args.batch, args.steps, args.reps, args.group,
+                        [v for v in args.variants.split(",") if v])
         from hpcrep import comm  # noqa: PLC0415
 
         if comm.rank() == 0:
@@ -345,7 +400,8 @@ def _run_job(args: argparse.Namespace, out: str, group: str, python: str, cluste
     os.close(fd)
     command = [python, "-m", "bench.overlap", "--worker", result_path, "--group", group,
                "--image-size", str(args.image_size), "--batch", str(args.batch),
-               "--steps", str(args.steps), "--reps", str(args.reps)]
+               "--steps", str(args.steps), "--reps", str(args.reps),
+               "--variants", args.variants]
     if cluster is not None:
         launch = cluster.mpirun_command(args.ranks, command)
     else:

@@ -84,6 +84,18 @@ def _parse_bytes(text: str) -> int:
     return int(float(digits) * units[unit])
 
 
+def _parse_compression(text: str) -> tuple[str, int, int]:
+    """``none``, ``fp16``, ``powersgd:R`` or ``powersgd:R:W`` as ``(kind, rank, warm-up)``."""
+    parts = text.strip().lower().split(":")
+    if len(parts) == 1 and parts[0] in ("none", "fp16", ""):
+        return (parts[0] or "none", 0, 0)
+    if parts[0] == "powersgd" and len(parts) in (2, 3) and all(p.isdigit() for p in parts[1:]) \
+            and int(parts[1]) >= 1:
+        return ("powersgd", int(parts[1]), int(parts[2]) if len(parts) == 3 else 0)
+    raise ValueError("expected none, fp16, powersgd:RANK or powersgd:RANK:WARMUP_STEPS "
+                     f"(RANK >= 1); got {text!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One ``HPCREP_*`` environment setting.
@@ -189,6 +201,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_TRANSPARENT_SCALE_LR", _parse_bool, False,
             "Transparent mode: multiply each optimizer's learning rate (or schedule) by the "
             "number of ranks when it first applies gradients (the global batch grew N-fold).",
+            same_on_all_ranks=True),
+    Setting("HPCREP_COMPRESSION", _parse_compression, ("none", 0, 0),
+            "Transparent mode: how every optimizer's gradients travel. 'none'; 'fp16' (half "
+            "the bytes, sums in float16); 'powersgd:R' or 'powersgd:R:W': PowerSGD rank-R "
+            "factors of matrix gradients with error feedback, uncompressed for the first W "
+            "exchanges (hpcrep/tensorflow/powersgd.py; each optimizer its own state). Must be "
+            "the same on every rank.",
             same_on_all_ranks=True),
     Setting("HPCREP_CHECKPOINT_DIR", str, "",
             "Directory of HDF5 checkpoints for transparent mode (CheckpointCallback): resume "

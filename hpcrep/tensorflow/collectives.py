@@ -37,7 +37,7 @@ from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError, CollectiveUnsupportedError
 from hpcrep.tensorflow import fused
 from hpcrep.tensorflow.bridge import host_call, require_no_xla
-from hpcrep.tensorflow.compression import Compression, Compressor
+from hpcrep.tensorflow.compressors import Compressor, NoneCompressor
 
 
 def _resolve_op(average: Optional[bool], op: Any) -> ReduceOp:
@@ -172,7 +172,7 @@ def _grad_name(name: Optional[str]) -> Optional[str]:
 
 def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       device_dense: str = "", device_sparse: str = "",
-                      compression: type[Compressor] = Compression.none, op: Any = None,
+                      compression: type[Compressor] = NoneCompressor, op: Any = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       name: Optional[str] = None, process_set: Any = None,
                       ignore_name_scope: bool = False) -> list[Any]:
@@ -217,7 +217,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
 
 
 def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "",
-              device_sparse: str = "", compression: type[Compressor] = Compression.none,
+              device_sparse: str = "", compression: type[Compressor] = NoneCompressor,
               op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               name: Optional[str] = None, process_set: Any = None,
               ignore_name_scope: bool = False) -> Any:
@@ -430,7 +430,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
 
 
 def reducescatter(tensor: Any, device_dense: str = "",
-                  compression: type[Compressor] = Compression.none, op: Any = ReduceOp.Average,
+                  compression: type[Compressor] = NoneCompressor, op: Any = ReduceOp.Average,
                   name: Optional[str] = None, process_set: Any = None,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> tf.Tensor:
@@ -446,7 +446,7 @@ def reducescatter(tensor: Any, device_dense: str = "",
 
 
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
-                          compression: type[Compressor] = Compression.none,
+                          compression: type[Compressor] = NoneCompressor,
                           op: Any = ReduceOp.Average, process_set: Any = None,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           name: Optional[str] = None,

@@ -11,6 +11,11 @@ and the same on every rank. ``HPCREP_OVERLAP=0`` makes every bucket wait for all
 Gradients of variables registered as local (model-parallel layers: ``register_local_source``,
 ``register_local_var``) are not exchanged; like Horovod (``scale_local_gradients=True``) hpcrep
 divides them by ``size``.
+
+A stateful compression (``Compression.powersgd(...)``, :mod:`hpcrep.tensorflow.powersgd`) is
+not applied per tensor: the reducer hands it the whole list of dense gradients with their
+variables, and it runs its own exchanges (the bucketed allreduce during its warm-up). It runs at
+one rank too, so that training behaves the same at every number of ranks.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import dataclasses
 import threading
 from typing import Any, Iterator, Optional, Sequence
 
+import keras
 import tensorflow as tf
 
 from hpcrep import comm, config
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow import collectives
-from hpcrep.tensorflow.compression import Compression, Compressor
+from hpcrep.tensorflow.compression import Compression
+from hpcrep.tensorflow.powersgd import is_stateful
 from hpcrep.tensorflow.variables import variable_key
 
 _scope = threading.local()
@@ -63,7 +70,8 @@ class GradientReducer:
         op: Average (default), Sum or Adasum (Horovod's: the gradients themselves are combined
             with Adasum, float16/32/64 only, power-of-two ranks; IndexedSlices need
             ``sparse_as_dense``).
-        compression: ``Compression.none`` or ``Compression.fp16``.
+        compression: ``Compression.none``, ``Compression.fp16`` or a
+            ``Compression.powersgd(...)`` object (Average only, no predivide factor).
         sparse_as_dense: convert ``tf.IndexedSlices`` to dense tensors before reducing.
         gradient_predivide_factor: with Average, divide by this before the sum and by
             ``size / factor`` after it (Horovod semantics).
@@ -79,7 +87,7 @@ class GradientReducer:
     """
 
     op: Any = ReduceOp.Average
-    compression: type[Compressor] = Compression.none
+    compression: Any = Compression.none
     sparse_as_dense: bool = False
     gradient_predivide_factor: float = 1.0
     num_groups: int = 0
@@ -102,6 +110,37 @@ class GradientReducer:
             self.num_groups, self.groups = self.groups, None
         if self.num_groups < 0:
             raise CollectiveArgumentError(f"num_groups must be >= 0, got {self.num_groups}")
+        if self.compression is Compression.powersgd:
+            raise CollectiveArgumentError(
+                "compression=Compression.powersgd needs its options: call it, e.g. "
+                "compression=hvd.Compression.powersgd(rank=2)")
+        if is_stateful(self.compression) and (self.op is not ReduceOp.Average
+                                              or self.gradient_predivide_factor != 1.0):
+            raise CollectiveArgumentError(
+                f"{self.compression!r} averages gradients: it needs op=Average and no "
+                f"gradient_predivide_factor (got op={self.op.name}, factor "
+                f"{self.gradient_predivide_factor}); drop them or use Compression.none/fp16")
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the compression keeps state between steps (PowerSGD)."""
+        return is_stateful(self.compression)
+
+    def build_before_reducing(self, optimizer: Any, variables: Optional[Sequence[Any]]) -> None:
+        """With a stateful compression, build ``optimizer`` on ``variables`` now if it is not
+        built, as Keras's ``apply`` would a little later: the state must be the optimizer's
+        variables before the first exchange uses it (built lazily there it would belong to no
+        optimizer, and its checkpoints would miss it). Local."""
+        if self.stateful and not optimizer.built and variables is not None:
+            with keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(list(variables))
+            optimizer.built = True
+
+    def build_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
+        """Create the compression's state, if it has any, as ``optimizer``'s variables (see
+        :meth:`hpcrep.tensorflow.powersgd.PowerSGD.build`). Local."""
+        if is_stateful(self.compression):
+            self.compression.build(list(variables), optimizer)
 
     def reduce(self, grads: Sequence[Any], variables: Optional[Sequence[Any]] = None,
                name: str = "gradients") -> list[Any]:
@@ -121,7 +160,8 @@ class GradientReducer:
         if self.sparse_as_dense:  # on any number of ranks, as Horovod
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]
-        if communicator.size() == 1 and self.op is ReduceOp.Average:
+        stateful = self.stateful
+        if communicator.size() == 1 and self.op is ReduceOp.Average and not stateful:
             return grads
         out: list[Any] = list(grads)
         dense = [i for i, g in enumerate(grads)
@@ -130,12 +170,37 @@ class GradientReducer:
             if isinstance(g, tf.IndexedSlices):
                 out[i] = collectives.allreduce(g, op=self.op, name=f"{name}.sparse.{i}",
                                                process_set=communicator)
+        if stateful:
+            subset = None if variables is None else [variables[i] for i in dense]
+
+            def plain(tensors: list) -> list:
+                return self._reduce_dense(tensors, list(range(len(tensors))), subset,
+                                          communicator, name)
+
+            reduced = self.compression.reduce(grads, variables, plain, communicator, name)
+            for i in dense:
+                out[i] = reduced[i]
+            return out
+        reduced = self._reduce_dense(grads, dense, variables, communicator, name)
+        for i, r in zip(dense, reduced):
+            out[i] = r
+        return out
+
+    def _reduce_dense(self, grads: list, dense: list[int], variables: Optional[Sequence[Any]],
+                      communicator: comm.Communicator, name: str) -> list[Any]:
+        """Return ``grads[i]`` for ``i`` in ``dense`` reduced in fusion buckets, in that order.
+
+        Collective: every rank of ``communicator`` must call this, in the same order.
+        """
+        out: list[Any] = list(grads)
         if self.op is ReduceOp.Average and self.gradient_predivide_factor != 1.0:
             op = ReduceOp.Sum
             pre = 1.0 / self.gradient_predivide_factor
             post = self.gradient_predivide_factor / communicator.size()
         else:
             op, pre, post = self.op, 1.0, 1.0
+        # During a stateful compression's warm-up its gradients travel uncompressed.
+        compression = Compression.none if is_stateful(self.compression) else self.compression
         groups = self._split(dense, variables)
         overlap = config.get("HPCREP_OVERLAP")
         if not overlap and not tf.executing_eagerly():
@@ -149,12 +214,12 @@ class GradientReducer:
             # layers' gradients are still being computed.
             order = group[::-1] if overlap else group
             reduced = collectives.grouped_allreduce(
-                [grads[i] for i in order], op=op, compression=self.compression,
+                [grads[i] for i in order], op=op, compression=compression,
                 prescale_factor=pre, postscale_factor=post, name=f"{name}.{gi}",
                 process_set=communicator)
             for i, r in zip(order, reduced):
                 out[i] = r
-        return out
+        return [out[i] for i in dense]
 
     def _reduce_with_locals(self, grads: list, variables: list, name: str) -> list[Any]:
         is_local = [variable_key(v) in self.local for v in variables]

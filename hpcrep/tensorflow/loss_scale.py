@@ -82,6 +82,7 @@ def _reduce_then_apply(self: Any, grads: Any, trainable_variables: Any = None) -
     assert reducer is not None
     grads = list(grads)
     variables = None if trainable_variables is None else list(trainable_variables)
+    reducer.build_before_reducing(self, variables)  # a stateful compression's state first
     sources = variables if variables is not None else (
         list(self._trainable_variables) if self.built else None)
     reduced = reducer.reduce(grads, sources)

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
-from hpcrep.tensorflow.compression import Compression, Compressor
+from hpcrep.tensorflow.compression import Compression
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope, reduced_scope
 from hpcrep.tensorflow.replica_check import checks_replicas
 from hpcrep.tensorflow.timeline import mark_step
@@ -46,6 +46,14 @@ class _DistributedMixin:
         """
         self._hpcrep_reducer.local.add(variable_key(var))
 
+    def build(self, variables: Any) -> None:
+        """Keras's ``build``, then the compression's state (PowerSGD's) as this optimizer's
+        variables, after Keras's own. Local."""
+        super().build(variables)
+        reducer = getattr(self, "_hpcrep_reducer", None)  # None while from_config constructs
+        if reducer is not None:
+            reducer.build_state(self, list(variables))
+
     @checks_replicas  # the replica canary, every HPCREP_CHECK_REPLICAS steps
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         """Reduce ``grads`` across ranks, then apply them as the wrapped optimizer would.
@@ -57,6 +65,7 @@ class _DistributedMixin:
         if in_reduced_scope():  # an outer LossScaleOptimizer reduced them before its check
             return super().apply(grads, variables)
         if self._hpcrep_passes == 1:  # Keras's apply builds the optimizer on its first call
+            self._hpcrep_reducer.build_before_reducing(self, variables)  # PowerSGD's state
             reduced = self._hpcrep_reducer.reduce(grads, self._hpcrep_sources(variables))
             with reduced_scope():  # a LossScaleOptimizer base class must not reduce again
                 applied = super().apply(reduced, variables)
@@ -134,7 +143,7 @@ def is_distributed(optimizer: Any) -> bool:
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
                          use_locking: bool = False, device_dense: str = "",
                          device_sparse: str = "",
-                         compression: type[Compressor] = Compression.none,
+                         compression: Any = Compression.none,
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
                          op: Any = ReduceOp.Average, gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
@@ -153,6 +162,11 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     ``backward_passes_per_step=k``, the sum of the k passes; ``average_aggregated_gradients`` is
     refused, as in Horovod); the learning rate is not scaled (Horovod's guide suggests the
     one-worker rate times about 2 on CPUs). Only on the whole job, on 1, 2, 4, ... ranks.
+
+    ``compression=hvd.Compression.powersgd(rank=2, warmup_steps=...)`` sends low-rank factors
+    of matrix gradients with error feedback (:mod:`hpcrep.tensorflow.powersgd`); its state is
+    created when the optimizer is built, as variables of the optimizer (error buffers: per rank,
+    saved by hpcrep's checkpoints).
 
     Raises:
         CollectiveArgumentError: invalid ``op``, ``backward_passes_per_step`` or factors.

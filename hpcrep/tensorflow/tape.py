@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from hpcrep.comm.ops import ReduceOp
-from hpcrep.tensorflow.compression import Compression, Compressor
+from hpcrep.tensorflow.compression import Compression
 from hpcrep.tensorflow.gradients import GradientReducer
 from hpcrep.tensorflow.timeline import mark_step
 from hpcrep.tensorflow.variables import local_layer_variables, variable_key
@@ -67,7 +67,7 @@ class _DistributedGradientTape(tf.GradientTape):
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "",
-                            compression: type[Compressor] = Compression.none,
+                            compression: Any = Compression.none,
                             sparse_as_dense: bool = False, op: Any = ReduceOp.Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups: Any = None, process_set: Any = None,
@@ -77,6 +77,11 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     Use it after the ``with tf.GradientTape() as tape:`` block, as in Horovod. With
     ``process_set`` the gradients are averaged over that set; ranks outside it get their own.
     ``device_*`` are accepted and ignored (hpcrep reduces on the host).
+
+    ``compression=hvd.Compression.powersgd(...)`` keeps state between steps in the object
+    itself: create it once, outside the step, and pass the same object every step; call its
+    ``build(model.trainable_variables, optimizer)`` before the first step so that the optimizer
+    carries the state into checkpoints (:mod:`hpcrep.tensorflow.powersgd`).
     """
     return _DistributedGradientTape(gradtape, GradientReducer(
         op=op, compression=compression, sparse_as_dense=sparse_as_dense, num_groups=num_groups,

@@ -16,6 +16,10 @@ range, so that step overflows and is skipped everywhere, and the scale halves. T
 the scale and its step counter (they are optimizer variables), so the resumed run skips and scales
 as the uninterrupted one does.
 
+With ``--powersgd R`` gradients travel as PowerSGD rank-R factors with error feedback
+(``hvd.Compression.powersgd``, uncompressed for the first ``--warmup`` steps); the checkpoint
+then also holds every rank's own error buffers, so the resumed run is still bitwise the same.
+
     python -m hpcrep.launch.mpirun -n 4 -- python slurm/examples/train_resumable.py \
         --dir /tmp/run1 --steps 60 --out /tmp/run1/final.npz
 """
@@ -47,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="--mixed-precision: the loss scale to start from (Keras's default)")
     parser.add_argument("--growth-steps", type=int, default=4,
                         help="--mixed-precision: finite steps between doublings of the loss scale")
+    parser.add_argument("--powersgd", type=int, default=0,
+                        help="PowerSGD compression of this rank (0: none)")
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="--powersgd: steps averaged uncompressed first")
     parser.add_argument("--requeue", action="store_true",
                         help="on the signal: checkpoint, then scontrol requeue this Slurm job")
     args = parser.parse_args(argv)
@@ -73,11 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
                               keras.layers.Dense(1)])
     sgd = keras.optimizers.SGD(0.02, momentum=0.9)
+    compression = (hvd.Compression.powersgd(args.powersgd, warmup_steps=args.warmup)
+                   if args.powersgd else hvd.Compression.none)
     if args.mixed_precision:  # averaged first, then checked: every rank skips the same steps
         opt = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(
-            sgd, initial_scale=args.initial_scale, dynamic_growth_steps=args.growth_steps))
+            sgd, initial_scale=args.initial_scale, dynamic_growth_steps=args.growth_steps),
+            compression=compression)
     else:
-        opt = hvd.DistributedOptimizer(sgd)
+        opt = hvd.DistributedOptimizer(sgd, compression=compression)
     opt.build(model.trainable_variables)
     hvd.broadcast_variables(model.variables + opt.variables, root_rank=0)
     w_true = np.linspace(-1, 1, 8).astype("float32")[:, None]

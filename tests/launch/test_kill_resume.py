@@ -5,7 +5,8 @@ the global generators after the resume (so their restored state counts), MPI red
 order at a fixed world size). The same under ``mixed_float16`` (``--mixed-precision``): the loss
 scale grows, one rank's overflow makes every rank skip a step (before and after the kill), and
 the final loss scale, its step counter and every other optimizer variable equal the uninterrupted
-run's too."""
+run's too. And with PowerSGD (``--powersgd 2``): the checkpoint holds each rank's own error
+buffers (they differ between ranks) and the resumed run gives every rank its own back."""
 
 import os
 
@@ -59,7 +60,9 @@ def summary(stdout: str) -> dict:
     # Shorter: 20 steps still overflow on one rank before the kill (step 7) and after (step 17).
     # From 256, doubling every 3 finite steps, the scale stays clear of float16's own overflows.
     (20, ("--mixed-precision", "--initial-scale", str(INITIAL_SCALE), "--growth-steps", "3")),
-], ids=["float32", "mixed_float16"])
+    # Warm-up over by the kill (step 12) and by the checkpoint it resumes from (step 10).
+    (30, ("--powersgd", "2", "--warmup", "3")),
+], ids=["float32", "mixed_float16", "powersgd"])
 def test_kill9_one_rank_then_resume_matches_uninterrupted(steps, extra, mpirun, scratch):
     ref_argv, ref_dir = train(mpirun, scratch, "reference", steps, 0.0, *extra)  # no one to wait
     done = mpirun.run(RANKS, ref_argv, cwd=mpirun.root)
@@ -72,6 +75,12 @@ def test_kill9_one_rank_then_resume_matches_uninterrupted(steps, extra, mpirun, 
     saved = sorted(int(n[5:14]) for n in os.listdir(run_dir) if n.startswith("ckpt-"))
     assert saved and saved[-1] < steps, saved
 
+    if "--powersgd" in extra:  # it resumes from 4 ranks' own error buffers, which differ
+        arrays, _ = read_verified(CheckpointManager(run_dir).path_for(saved[-1]))
+        errors = [arrays[f"rank_local/{r:05d}/00000"] for r in range(RANKS)]
+        assert errors[0].shape == (8, 32) and np.abs(errors[0]).max() > 0
+        assert not any(np.array_equal(errors[0], e) for e in errors[1:])
+
     again = mpirun.run(RANKS, argv, cwd=mpirun.root)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"start_step={saved[-1]} resumed_from=ckpt-{saved[-1]:09d}.h5" in again.stdout
@@ -82,7 +91,9 @@ def test_kill9_one_rank_then_resume_matches_uninterrupted(steps, extra, mpirun, 
     for name in reference:
         np.testing.assert_array_equal(resumed[name], reference[name], err_msg=name)
     assert summary(again.stdout) == summary(done.stdout)
-    if extra:  # the run resumed from a loss scale that had moved, and skipped steps
+    if "--powersgd" in extra:
+        assert any(k.endswith("_powersgd_q") for k in reference), sorted(reference)
+    elif extra:  # the run resumed from a loss scale that had moved, and skipped steps
         at_resume = resumed_loss_scale(run_dir, saved[-1], reference)
         assert at_resume["dynamic_scale"] != INITIAL_SCALE, at_resume
         assert at_resume["step_counter"] != 0, at_resume

@@ -22,6 +22,7 @@ from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, 
 from hpcrep.errors import CheckpointError
 from hpcrep.tensorflow import sharded_variables
 from hpcrep.tensorflow._keras import lr_scale
+from hpcrep.tensorflow.powersgd import rank_local_variables
 
 log = logging.getLogger("hpcrep.checkpoint")
 
@@ -66,24 +67,64 @@ def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
     (:mod:`hpcrep.tensorflow._keras.lr_scale`). Sharded variables of tensor-parallel layers,
     and their optimizer slots, are saved whole: gathered over the replica's ranks
     (:mod:`hpcrep.tensorflow.sharded_variables`), so the state is that of the same model
-    unsharded.
+    unsharded. State that differs between ranks by design (PowerSGD's error buffers,
+    :func:`hpcrep.tensorflow.powersgd.rank_local_variables`) is gathered from every rank into
+    ``"rank_local": {"<rank>": [...]}``.
 
-    Local for a model without sharded variables; with them, collective: every rank must call
-    this, in the same order.
+    Local for a model without sharded variables or per-rank state; with either, collective:
+    every rank must call this, in the same order.
     """
     variables = list(model.variables)
     slots = _optimizer_variables(model, optimizer)
     var_specs, slot_specs = sharded_variables.specs_of(variables, slots)
     with lr_scale.unscaled(optimizer):
-        return {"model": [sharded_variables.full_value(v, s)
-                          for v, s in zip(variables, var_specs)],
-                "optimizer": [sharded_variables.full_value(v, s)
-                              for v, s in zip(slots, slot_specs)],
-                "rng": {**host_rng_state(), **tf_rng_state()}}
+        state = {"model": [sharded_variables.full_value(v, s)
+                           for v, s in zip(variables, var_specs)],
+                 "optimizer": [sharded_variables.full_value(v, s)
+                               for v, s in zip(slots, slot_specs)],
+                 "rng": {**host_rng_state(), **tf_rng_state()}}
+    local = rank_local_variables(optimizer)
+    if local:
+        state["rank_local"] = _gather_rank_local(local)
+    return state
+
+
+def _gather_rank_local(variables: list) -> dict[str, list[np.ndarray]]:
+    """Every rank's values of ``variables``, keyed by rank (``"00003"``). Collective."""
+    mine = [np.ascontiguousarray(v.numpy()) for v in variables]
+    size = comm.size() if comm.is_initialized() else 1
+    if size == 1:
+        return {f"{0:05d}": mine}
+    gathered = comm.grouped_allgather(mine, name="rank_local_state")
+    return {f"{r:05d}": [g[r * a.shape[0]:(r + 1) * a.shape[0]] for g, a in zip(gathered, mine)]
+            for r in range(size)}
+
+
+def _restore_rank_local(ckpt: Checkpoint, optimizer: Any) -> None:
+    """Give this rank its own saved per-rank state back; zero it (with a warning) when the
+    checkpoint has none for this number of ranks. Local."""
+    local = rank_local_variables(optimizer)
+    if not local:
+        return
+    rank = comm.rank() if comm.is_initialized() else 0
+    size = comm.size() if comm.is_initialized() else 1
+    saved = ckpt.list(f"rank_local/{rank:05d}")
+    ranks_saved = len({k.split("/")[1] for k in ckpt.arrays if k.startswith("rank_local/")})
+    if ranks_saved == size and len(saved) == len(local) and all(
+            tuple(v.shape) == a.shape for v, a in zip(local, saved)):
+        for v, a in zip(local, saved):
+            v.assign(a)
+        return
+    if rank == 0:
+        log.warning("%s holds per-rank state (PowerSGD error buffers) of %d rank(s), this run "
+                    "has %d: the error buffers restart from zero", ckpt.path, ranks_saved, size)
+    for v in local:
+        v.assign(tf.zeros_like(v))
 
 
 def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> None:
-    """Assign a checkpoint's model and optimizer variables and RNG state. Local.
+    """Assign a checkpoint's model and optimizer variables and RNG state, and this rank's own
+    per-rank state (zeroed if the checkpoint has none for this number of ranks). Local.
 
     A sharded variable (and its optimizer slots) takes this rank's slice of the whole variable
     the checkpoint holds, whatever the number of shards it was saved with.
@@ -113,6 +154,7 @@ def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> 
         for v, a, spec in zip(variables, saved, specs):
             v.assign(sharded_variables.slice_of(a, spec, str(v.path)))
     lr_scale.rescale_after_load(optimizer)
+    _restore_rank_local(ckpt, optimizer)
     rng = ckpt.group("rng")
     if rng:
         set_host_rng_state(rng)

@@ -15,6 +15,14 @@ Keras's ``LossScaleOptimizer``, which averages with the same reducer before its 
 (:mod:`hpcrep.tensorflow.loss_scale`): a rank whose local gradients overflow would otherwise skip
 the step, and the exchange, while the others wait in it.
 
+``HPCREP_COMPRESSION`` chooses how the gradients travel: ``none``, ``fp16``, or
+``powersgd:R[:W]`` (:mod:`hpcrep.tensorflow.powersgd`). PowerSGD keeps state per optimizer: each
+optimizer gets its own reducer, and Keras's ``build`` is patched too, so that the state becomes
+the optimizer's variables when it is built (before a checkpoint is restored into it, as
+``CheckpointCallback`` does at the start of ``fit``). A ``LossScaleOptimizer`` is refused with
+PowerSGD here (the explicit ``hvd.DistributedOptimizer(LossScaleOptimizer(opt),
+compression=...)`` takes it).
+
 With ``HPCREP_TRANSPARENT_SCALE_LR`` the rate is multiplied by the number of ranks the first time
 an optimizer applies gradients (:mod:`hpcrep.tensorflow._keras.lr_scale`, which also keeps the
 factor out of saved files).
@@ -28,7 +36,9 @@ from typing import Any
 import keras
 
 from hpcrep import comm, config
+from hpcrep.errors import TransparentModeError
 from hpcrep.tensorflow import loss_scale
+from hpcrep.tensorflow.compression import Compression
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope
 from hpcrep.tensorflow._keras.lr_scale import scale_learning_rate
 from hpcrep.tensorflow.optimizer import is_distributed
@@ -40,9 +50,28 @@ def install(patches: PatchSet) -> None:
     """Patch ``apply`` of every Keras optimizer. Local."""
     owner = defining_class(keras.optimizers.Optimizer, "apply")
     original = vars(owner)["apply"]
-    reducer = GradientReducer()  # average, no compression, no local variables: the defaults
+    kind, rank, warmup = config.get("HPCREP_COMPRESSION")
+    # Average, no local variables: the defaults; the compression HPCREP_COMPRESSION names.
+    reducer = GradientReducer(compression=Compression.fp16 if kind == "fp16" else
+                              Compression.none)
+    own: "weakref.WeakKeyDictionary[Any, GradientReducer]" = weakref.WeakKeyDictionary()
     seen: "weakref.WeakSet[Any]" = weakref.WeakSet()
     scale = config.get("HPCREP_TRANSPARENT_SCALE_LR") and comm.size() > 1
+
+    def reducer_of(optimizer: Any) -> GradientReducer:
+        """The shared reducer, or with PowerSGD the optimizer's own (state per optimizer)."""
+        if kind != "powersgd":
+            return reducer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise TransparentModeError(
+                f"HPCREP_COMPRESSION=powersgd:{rank} does not take a LossScaleOptimizer "
+                "(mixed_float16) in transparent mode; use HPCREP_COMPRESSION=none or fp16, or "
+                "the explicit hvd.DistributedOptimizer(LossScaleOptimizer(opt), "
+                "compression=hvd.Compression.powersgd(...))")
+        if optimizer not in own:
+            own[optimizer] = GradientReducer(
+                compression=Compression.powersgd(rank=rank, warmup_steps=warmup))
+        return own[optimizer]
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
         """Average ``grads`` across ranks, then apply them with Keras's ``apply``.
@@ -56,9 +85,26 @@ def install(patches: PatchSet) -> None:
             seen.add(self)
             if scale:
                 scale_learning_rate(self, comm.size())
-        return original(self, reducer.reduce(list(grads)), trainable_variables)
+        variables = None if trainable_variables is None else list(trainable_variables)
+        reducer_of(self).build_before_reducing(self, variables)  # PowerSGD's state first
+        sources = variables if variables is not None else (
+            list(self._trainable_variables) if self.built else None)
+        return original(self, reducer_of(self).reduce(list(grads), sources),
+                        trainable_variables)
 
     patches.attr(owner, "apply", checks_replicas(apply))  # the replica canary
+    if kind == "powersgd":
+        build_owner = defining_class(keras.optimizers.Optimizer, "build")
+        original_build = vars(build_owner)["build"]
+
+        def build(self: Any, variables: Any) -> None:
+            """Keras's ``build``, then this optimizer's PowerSGD state as its variables. Local."""
+            original_build(self, variables)
+            if not is_distributed(self):  # a DistributedOptimizer builds its own
+                reducer_of(self).build_state(self, list(variables))
+
+        patches.attr(build_owner, "build", build)
+        patches.label(f"optimizer build (PowerSGD rank {rank}, warm-up {warmup} state)")
     # A LossScaleOptimizer averages with the same reducer, before its finiteness check, so
     # every rank skips or applies the same steps (hvd.init() installed its wrapper).
     patches.attr(loss_scale, "transparent_reducer", reducer)
