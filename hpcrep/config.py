@@ -153,6 +153,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "with a report of the collective, its tensors and which ranks had not arrived (a "
             "warning is printed at half of it). A failed node or cut network link otherwise "
             "hangs the job until its time limit. 0 turns the watchdog off."),
+    Setting("HPCREP_LAUNCHER_GRACE", float, 10.0,
+            "Seconds hpcrep's launchers (hpcrep run, python -m hpcrep.launch.mpirun, "
+            "tests/cluster/mpirun.sh) give mpirun to end by itself after a rank announced that "
+            "it aborts the job (the stall watchdog, an unhandled exception); then they "
+            "terminate mpirun and the processes it started on this machine, and exit with the "
+            "rank's exit code. Open MPI 4.1's mpirun otherwise waits for the daemon of a node it "
+            "cannot reach (a cut link) until the link returns. 0 runs mpirun unsupervised."),
     Setting("HPCREP_MATCH_TIMEOUT", float, 30.0,
             "Compiled path: when ranks queue allreduces in different orders (independent ops of "
             "a TF1 graph), requests are matched by name; if no pending name is pending on every "

@@ -102,6 +102,11 @@ class ParamStoreUnavailableError(HpcrepError, RuntimeError):
     ``MPI_THREAD_MULTIPLE`` for its server thread)."""
 
 
+class FaultToleranceUnavailableError(HpcrepError, RuntimeError):
+    """Going on without a failed rank (:mod:`hpcrep.comm.ulfm`) needs an MPI with ULFM, started
+    with fault tolerance on (Open MPI 5's ``mpirun --with-ft ulfm``), and this one has not."""
+
+
 class LaunchOptionError(HpcrepError, ValueError):
     """``hpcrep run`` was given options it cannot launch with (bad host list or hostfile, more
     ranks than slots, an option whose feature is not built yet); checked before anything runs."""

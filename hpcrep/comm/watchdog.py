@@ -12,7 +12,9 @@ for; a daemon thread checks that record once a second:
 - after the whole timeout it prints what it knows (the collective, the tensor names, which ranks
   answered from which call, which did not and on which host they run) and aborts the job:
   ``MPI_Abort``, then ``os._exit`` if that has not ended the process a few seconds later (on a
-  node that lost its link, ``MPI_Abort`` itself cannot reach the launcher).
+  node that lost its link, ``MPI_Abort`` itself cannot reach the launcher). Before
+  ``MPI_Abort`` it prints :func:`hpcrep.comm.abort.abort`'s notice line, from which hpcrep's
+  launchers learn that the job is being aborted (:mod:`hpcrep.launch.supervise`).
 
 A rank that is merely slow is not killed before the timeout: the clock starts when this rank
 enters the collective and stops when the collective returns. ``HPCREP_STALL_TIMEOUT=0`` turns the
@@ -30,6 +32,7 @@ import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from hpcrep import config
+from hpcrep.comm.abort import abort as abort_job
 
 EXIT_CODE = 75          # MPI_Abort's error code when a stall ends the job (EX_TEMPFAIL)
 _STATUS_TAG = 7351      # tag of status messages on the watchdog's own communicator
@@ -265,9 +268,7 @@ def _abort(call: _Call, waited: float) -> None:
     sys.stdout.flush()
 
     def mpi_abort() -> None:
-        from mpi4py import MPI  # noqa: PLC0415
-
-        MPI.COMM_WORLD.Abort(EXIT_CODE)
+        abort_job(EXIT_CODE)  # prints the notice that hpcrep's launchers watch for
 
     threading.Thread(target=mpi_abort, name="hpcrep-stall-abort", daemon=True).start()
     time.sleep(_ABORT_GRACE)

@@ -16,6 +16,7 @@ import numpy as np
 
 from hpcrep import config
 from hpcrep.comm import watchdog
+from hpcrep.comm.abort import abort as abort_job
 from hpcrep.comm.communicator import Communicator
 from hpcrep.errors import ConfigError, NotInitializedError
 
@@ -190,5 +191,6 @@ def mpi_library_version() -> str:
 
 
 def abort(errorcode: int = 1) -> None:
-    """Abort every rank of the job (``MPI_Abort`` on ``COMM_WORLD``). Does not return."""
-    _mpi().COMM_WORLD.Abort(errorcode)
+    """Abort every rank of the job (``MPI_Abort`` on ``COMM_WORLD``), first printing the notice
+    that hpcrep's launchers watch for (:mod:`hpcrep.comm.abort`). Does not return. Local."""
+    abort_job(errorcode)

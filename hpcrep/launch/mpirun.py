@@ -16,6 +16,7 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
+from hpcrep.launch.supervise import supervise
 from hpcrep.launch.tf_log import set_tf_log_level
 
 
@@ -105,7 +106,10 @@ def mpirun_env(env: Optional[dict] = None) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m hpcrep.launch.mpirun -n N -- command ...``: run and return its exit code."""
+    """``python -m hpcrep.launch.mpirun -n N -- command ...``: run and return its exit code.
+
+    mpirun runs under :func:`hpcrep.launch.supervise.supervise`: it is ended if it outlives a
+    job that a rank has aborted by more than ``HPCREP_LAUNCHER_GRACE`` seconds."""
     parser = argparse.ArgumentParser(prog="python -m hpcrep.launch.mpirun")
     parser.add_argument("-n", "--np", type=int, required=True, help="number of ranks")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -113,7 +117,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
-    return subprocess.call(mpirun_command(args.np, command), env=mpirun_env())
+    return supervise(mpirun_command(args.np, command), env=mpirun_env())
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from hpcrep.errors import LaunchOptionError
 from hpcrep.launch import hosts as hostlists
 from hpcrep.launch.mpirun import env_arguments, find_mpirun, flavor, mpirun_command, mpirun_env
 from hpcrep.launch.script_api import EXPLICIT_MODULES, ExplicitImport, script_imports
+from hpcrep.launch.supervise import supervise
 from hpcrep.slurm import environment, srun
 
 
@@ -91,7 +92,7 @@ are an error there (a warning would run ranks elsewhere than you asked): leave t
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """What ``hpcrep run`` starts: the launcher's argv, settings for its environment, the mode
-    and the imports that chose it."""
+    and the imports that chose it, and which launcher it is (``mpirun`` or ``srun``)."""
 
     argv: list[str]
     script: str
@@ -99,6 +100,7 @@ class Launch:
     transparent: bool
     found: tuple[ExplicitImport, ...]
     reason: str
+    launcher: str = "mpirun"
 
 
 def rank_command(script: str, args: Sequence[str], python: str = sys.executable,
@@ -195,7 +197,7 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
         except FileNotFoundError:
             family = "openmpi"
         argv = srun.srun_command(options.np, [*extra, *command], srun.mpi_plugin(family))
-        return Launch(argv, script, dict(settings), transparent, found, reason)
+        return Launch(argv, script, dict(settings), transparent, found, reason, "srun")
     hosts, given = _hosts(options)
     n = hostlists.check_ranks(options.np, hosts, given) if hosts else options.np
     if n is None:
@@ -256,7 +258,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(args: Any) -> int:
-    """Run the script on N ranks and return the launcher's exit code (2: bad options)."""
+    """Run the script on N ranks and return the launcher's exit code (2: bad options).
+
+    mpirun runs under :func:`hpcrep.launch.supervise.supervise` (ended if it outlives a job that
+    a rank has aborted by more than ``HPCREP_LAUNCHER_GRACE`` seconds); srun as it is."""
     try:
         launch = build_launch(args)
     except (LaunchOptionError, FileNotFoundError) as exc:
@@ -275,4 +280,6 @@ def main(args: Any) -> int:
         return 2
     env = mpirun_env({**os.environ, **launch.env})
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.call(launch.argv, env=env)
+    if launch.launcher == "srun":
+        return subprocess.call(launch.argv, env=env)
+    return supervise(launch.argv, env=env)

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -30,10 +31,11 @@ class Cluster:
     root: Path
 
     def env(self, **extra: str) -> dict:
-        """The environment for jobs on the cluster (quiet TensorFlow, Slurm's config)."""
+        """The environment for jobs on the cluster (quiet TensorFlow, Slurm's config, this
+        Python for mpirun.sh's launcher supervisor)."""
         env = dict(os.environ)
         env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HPCREP_THREADS="1",
-                   SLURM_CONF=str(CLUSTER_DIR / "slurm.conf"))
+                   SLURM_CONF=str(CLUSTER_DIR / "slurm.conf"), PYTHON=sys.executable)
         env.update(extra)
         return env
 

@@ -24,6 +24,16 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_oob_tcp_keepalive_time=${OMPI_MCA_oob_tcp_keepalive_time:-10}
 export OMPI_MCA_oob_tcp_keepalive_intvl=${OMPI_MCA_oob_tcp_keepalive_intvl:-5}
 export OMPI_MCA_oob_tcp_keepalive_probes=${OMPI_MCA_oob_tcp_keepalive_probes:-3}
-exec "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none \
+# After a rank has aborted the job, Open MPI 4.1's mpirun waits for the daemon of a node it
+# cannot reach (a cut link) until the link returns: mpirun runs under hpcrep's launcher
+# supervisor, which ends it HPCREP_LAUNCHER_GRACE seconds (default 10) after a rank's abort
+# notice (hpcrep/launch/supervise.py). It runs on $PYTHON, else this checkout's .venv, else python3.
+ROOT=$(cd "$HERE/../.." && pwd)
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ -x "$ROOT/.venv/bin/python" ]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
+fi
+exec env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m hpcrep.launch.supervise -- \
+  "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none \
   --hostfile "$CLUSTER_DIR/hostfile" "${CLUSTER_MPI_OPTIONS[@]}" \
   "${opts[@]}" "$@"

@@ -64,7 +64,8 @@ def test_cut_link_ends_every_rank_within_50_s(cluster, tmp_path):
     finally:
         cluster.fault("heal", "node2")
     try:
-        out, _ = proc.communicate(timeout=120)  # mpirun itself ends once node2 is back
+        out, _ = proc.communicate(timeout=120)  # mpirun.sh's supervisor ends mpirun
+        # (tests/cluster/test_launcher_ends.py times that)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()

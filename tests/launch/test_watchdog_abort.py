@@ -84,5 +84,9 @@ def test_a_rank_that_never_arrives_ends_the_whole_job(mpirun, scratch):
                        r"completed after .*?\(0 turns the watchdog off\)\.", out, re.S)
     assert report, out[-3000:]
     assert re.search(rf"no answer from rank {MISSING} on \S+", report.group(0)), report.group(0)
+    # the line hpcrep's launchers watch for (hpcrep.launch.supervise), after the report
+    notice = re.search(r"hpcrep: job abort: rank (\d+), exit code 75", out)
+    assert notice and int(notice.group(1)) != MISSING and notice.start() > report.start(), \
+        out[-3000:]
     print(f"\nwatchdog abort: mpirun exited {proc.returncode} {ended:.1f} s after the ranks "
           f"started (HPCREP_STALL_TIMEOUT={STALL_TIMEOUT}). The report:\n{report.group(0)}")

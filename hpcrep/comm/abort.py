@@ -1,0 +1,35 @@
+"""Abort the whole job, saying so in a line that launchers can watch for.
+
+Every way hpcrep aborts a job (an unhandled exception under ``python -m hpcrep``, the stall
+watchdog, :func:`hpcrep.comm.abort`) ends in :func:`abort`, which prints
+:func:`abort_notice` on stderr and then calls ``MPI_Abort``. hpcrep's launchers
+(:mod:`hpcrep.launch.supervise`) find the line in the job's stderr with
+:data:`ABORT_NOTICE_PATTERN` and end an ``mpirun`` that would otherwise wait for a node it can no
+longer reach.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+ABORT_NOTICE = "hpcrep: job abort:"
+ABORT_NOTICE_PATTERN = re.compile(re.escape(ABORT_NOTICE) + r" rank (\d+), exit code (\d+)")
+
+
+def abort_notice(rank: int, errorcode: int) -> str:
+    """Return the line :func:`abort` prints: ``hpcrep: job abort: rank R, exit code C``."""
+    return f"{ABORT_NOTICE} rank {rank}, exit code {errorcode}"
+
+
+def abort(errorcode: int = 1) -> None:
+    """Print :func:`abort_notice` on stderr, then abort every rank of the job (``MPI_Abort`` on
+    ``COMM_WORLD``). Does not return.
+
+    Local: only the calling rank needs to call it.
+    """
+    from mpi4py import MPI  # noqa: PLC0415 - MPI only when a job is aborted
+
+    sys.stdout.flush()
+    print(abort_notice(MPI.COMM_WORLD.Get_rank(), errorcode), file=sys.stderr, flush=True)
+    MPI.COMM_WORLD.Abort(errorcode)

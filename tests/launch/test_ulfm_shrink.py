@@ -1,0 +1,74 @@
+"""ULFM on Open MPI 5 (``.venv-ulfm``, made by ``make ulfm``): one of 4 ranks is SIGKILLed in a
+numpy allreduce loop, and the 3 others shrink their communicator (hpcrep.comm.ulfm), resume from
+the step they agree on, finish with correct sums, and mpirun exits 0.
+
+Skipped (a failure under CI=true) when ``.venv-ulfm`` has not been made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcrep.launch.mpirun import mpirun_command, mpirun_env
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+VENV = ROOT / ".venv-ulfm"
+RANKS, STEPS, VICTIM, KILL_AT = 4, 200, 2, 50
+
+
+@pytest.fixture(scope="module")
+def ulfm_venv(skip_missing) -> Path:
+    """The Open MPI 5 / ULFM environment of this checkout (skips, or fails under CI, without)."""
+    if not (VENV / "bin" / "python").exists() or not (VENV / "bin" / "mpirun").exists():
+        skip_missing(f"the Open MPI 5 / ULFM environment {VENV} (make it with: make ulfm)")
+    return VENV
+
+
+@pytest.mark.timeout(240)
+def test_survivors_of_a_sigkilled_rank_shrink_and_finish(ulfm_venv, scratch):
+    job = [str(ulfm_venv / "bin" / "python"), str(HERE / "ulfm_shrink_job.py"), str(scratch),
+           str(STEPS), str(VICTIM), str(KILL_AT)]
+    argv = mpirun_command(RANKS, job, mpirun=str(ulfm_venv / "bin" / "mpirun"),
+                          extra=["--with-ft", "ulfm"])
+    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1",
+                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env,
+                              cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the ULFM job did not end within 180 s:\n{exc.stdout}\n{exc.stderr}")
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    death = float((scratch / "death").read_text())
+    survivors = [r for r in range(RANKS) if r != VICTIM]
+    assert sorted(p.name for p in scratch.glob("rank*.json")) == \
+        [f"rank{r}.json" for r in survivors], output
+    delays, shrink_ms, resumed, classes = [], [], set(), []
+    for r in survivors:
+        res = json.loads((scratch / f"rank{r}.json").read_text())
+        assert "Open MPI v5" in res["library"], res["library"]
+        assert res["has_ulfm"], res
+        assert res["size"] == RANKS - 1 and res["steps"] == STEPS, res
+        assert res["wrong"] == [], f"rank {r}: wrong sums {res['wrong'][:5]}"
+        assert [s["lost"] for s in res["shrinks"]] == [[VICTIM]], res["shrinks"]
+        # The victim took part in step KILL_AT - 1, so every survivor completed KILL_AT - 2.
+        # Step KILL_AT - 1 itself may have failed on a survivor that was still in it when a
+        # faster one revoked the communicator (ERR_REVOKED): then they all redo it.
+        assert res["shrinks"][0]["step"] in (KILL_AT - 1, KILL_AT), res["shrinks"]
+        resumed.add(res["shrinks"][0]["step"])
+        classes.append(res["shrinks"][0]["error_class"])
+        delays.append(1e3 * (res["first_good"] - death))
+        shrink_ms.append(1e3 * res["shrinks"][0]["seconds"])
+    assert len(resumed) == 1, f"the survivors resumed from different steps: {resumed}"
+    print(f"\nULFM: rank {VICTIM} of {RANKS} SIGKILLed at step {KILL_AT}, resumed at "
+          f"{resumed.pop()}; death to first good "
+          f"allreduce: {', '.join(f'{d:.1f}' for d in delays)} ms; revoke+shrink+agree: "
+          f"{', '.join(f'{d:.1f}' for d in shrink_ms)} ms (ranks {survivors}; error classes "
+          f"{classes})")
+    assert max(delays) < 30e3, delays  # seconds, not minutes: no watchdog, no relaunch
