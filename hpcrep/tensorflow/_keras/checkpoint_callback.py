@@ -20,6 +20,7 @@ from hpcrep import comm, config
 from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, host_rng_state,
                                requeue, set_host_rng_state, slurm_job_id)
 from hpcrep.errors import CheckpointError
+from hpcrep.tensorflow import zero
 from hpcrep.tensorflow._keras import lr_scale
 
 log = logging.getLogger("hpcrep.checkpoint")
@@ -49,25 +50,28 @@ def set_tf_rng_state(state: dict[str, np.ndarray]) -> None:
         gen.state.assign(state["tf_global_state"])
 
 
-def _optimizer_variables(model: Any, optimizer: Any) -> list:
-    if optimizer is None:
-        return []
-    if not optimizer.built:
+def _built(model: Any, optimizer: Any) -> Any:
+    if optimizer is not None and not optimizer.built:
         optimizer.build(model.trainable_variables)
-    return list(optimizer.variables)
+    return optimizer
 
 
 def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
-    """Return ``{"model": [...], "optimizer": [...], "rng": {...}}`` as numpy arrays. Local.
+    """Return ``{"model": [...], "optimizer": [...], "rng": {...}}`` as numpy arrays.
 
     The optimizer is built first if needed, so its slots are included. A learning rate that
     transparent mode multiplied by the number of ranks is saved unscaled
-    (:mod:`hpcrep.tensorflow._keras.lr_scale`).
+    (:mod:`hpcrep.tensorflow._keras.lr_scale`). Sharded optimizer state
+    (``shard_optimizer_state=True``) is gathered to the layout of the unsharded optimizer, so
+    the checkpoint restores with or without sharding, at any number of ranks.
+
+    Local; collective when the optimizer shards its state (every rank must call this, in the
+    same order).
     """
+    optimizer = _built(model, optimizer)
     with lr_scale.unscaled(optimizer):
         return {"model": [np.asarray(v.numpy()) for v in model.variables],
-                "optimizer": [np.asarray(v.numpy())
-                              for v in _optimizer_variables(model, optimizer)],
+                "optimizer": [] if optimizer is None else zero.state_arrays(optimizer),
                 "rng": {**host_rng_state(), **tf_rng_state()}}
 
 
@@ -78,22 +82,26 @@ def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> 
         CheckpointError: the checkpoint's variables do not match the model's or optimizer's
             (count or shapes); the message names the first mismatch.
     """
-    pairs = [("model", list(model.variables)),
-             ("optimizer", _optimizer_variables(model, optimizer))]
-    for group, variables in pairs:
+    optimizer = _built(model, optimizer)
+    groups = [("model", [tuple(v.shape) for v in model.variables],
+               [v.path for v in model.variables])]
+    if optimizer is not None:
+        shapes = zero.state_shapes(optimizer)
+        groups.append(("optimizer", shapes, [f"{optimizer.name}[{i}]" for i in range(len(shapes))]))
+    for group, shapes, labels in groups:
         saved = ckpt.list(group)
-        if group == "optimizer" and optimizer is None:
-            continue
-        if len(saved) != len(variables):
+        if len(saved) != len(shapes):
             raise CheckpointError(
                 f"{ckpt.path} holds {len(saved)} {group} variables, this {group} has "
-                f"{len(variables)}; restore into the same architecture/optimizer it was saved from")
-        for i, (v, a) in enumerate(zip(variables, saved)):
-            if tuple(v.shape) != a.shape:
-                raise CheckpointError(f"{ckpt.path}: {group} variable {i} ({v.path}) has shape "
-                                      f"{tuple(v.shape)}, the checkpoint has {a.shape}")
-        for v, a in zip(variables, saved):
-            v.assign(a)
+                f"{len(shapes)}; restore into the same architecture/optimizer it was saved from")
+        for i, (shape, label, a) in enumerate(zip(shapes, labels, saved)):
+            if shape != a.shape:
+                raise CheckpointError(f"{ckpt.path}: {group} variable {i} ({label}) has shape "
+                                      f"{shape}, the checkpoint has {a.shape}")
+    for v, a in zip(model.variables, ckpt.list("model")):
+        v.assign(a)
+    if optimizer is not None:
+        zero.assign_state(optimizer, ckpt.list("optimizer"))
     lr_scale.rescale_after_load(optimizer)
     rng = ckpt.group("rng")
     if rng:
