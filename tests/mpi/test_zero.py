@@ -280,3 +280,53 @@ def test_mixed_precision_loss_scale_around_sharded():
     assert_ranks_bitwise_equal(weights, "weights")
     for a, b in zip(weights, plain):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+def compiled(seed: int) -> keras.Model:
+    model = make_model(seed)
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01),
+                                           shard_optimizer_state=True), "mse", jit_compile=False)
+    return model
+
+
+@pytest.mark.timeout(180)
+def test_keras_backup_and_restore_keeps_the_sharded_state(shared_dir):
+    """hpcrep's BackupAndRestore gathers the slots before rank 0 writes the backup, and a fresh
+    run gets every rank's share of them back."""
+    import hpcrep.tensorflow.keras as hvdk
+
+    xs, ys = zip(*(data(hc.rank(), s) for s in range(3)))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    first = compiled(5)
+    first.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0,
+              callbacks=[BroadcastGlobalVariablesCallback(0),
+                         hvdk.callbacks.BackupAndRestore(shared_dir, delete_checkpoint=False)])
+    ended = [v.numpy() for v in first.variables] + zero.state_arrays(first.optimizer)
+    resumed = compiled(60)  # other weights: the backup must overwrite them all
+    resumed.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0,
+                callbacks=[hvdk.callbacks.BackupAndRestore(shared_dir)])  # nothing left to run
+    started = [v.numpy() for v in resumed.variables] + zero.state_arrays(resumed.optimizer)
+    assert len(started) == len(ended) == 4 + 2 + 2 * 4
+    for a, b in zip(started, ended):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.timeout(120)
+def test_keras_save_weights_needs_consolidate_then_loads_on_every_rank(shared_dir):
+    model = compiled(6)
+    xs, ys = zip(*(data(hc.rank(), s) for s in range(2)))
+    model.fit(np.concatenate(xs), np.concatenate(ys), batch_size=B, epochs=1, verbose=0,
+              callbacks=[BroadcastGlobalVariablesCallback(0)])
+    path = f"{shared_dir}/w.weights.h5"
+    if hc.size() > 1:
+        with pytest.raises(ShardedStateError, match="consolidate"):
+            model.save_weights(f"{shared_dir}/refused.{hc.rank()}.weights.h5")
+    zero.consolidate(model.optimizer)  # collective: then rank 0 alone may save
+    if hc.rank() == 0:
+        model.save_weights(path)
+    hc.barrier()
+    loaded = compiled(61)
+    loaded.optimizer.build(loaded.trainable_variables)
+    loaded.load_weights(path)  # every rank reads the file and keeps its share
+    for a, b in zip(zero.state_arrays(loaded.optimizer), zero.state_arrays(model.optimizer)):
+        np.testing.assert_array_equal(a, b)
