@@ -152,12 +152,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         timed = _job(n, args, None)
         results[n] = {"timing": timed["timing"], "timing_bytes": timed["bytes"],
                       "rss": {name: _job(n, args, name)["peak_rss_mib"] for name in VARIANTS}}
-        print(f"ranks {n}: done", flush=True)
+        print(table({n: results[n]}), flush=True)  # each rank count as it finishes
+        if args.out:  # rewritten after each: a later job that fails keeps the earlier figures
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "zero.json"), "w") as f:
+                json.dump({"args": vars(args), "results": results}, f, indent=1)
     print(table(results))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "zero.json"), "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
     return 0
 
 
