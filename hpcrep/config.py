@@ -216,6 +216,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "exchanges (hpcrep/tensorflow/powersgd.py; each optimizer its own state). Must be "
             "the same on every rank.",
             same_on_all_ranks=True),
+    Setting("HPCREP_SHARD_OPTIMIZER_STATE", _parse_bool, False,
+            "Transparent mode: shard each Keras optimizer's state across the ranks (ZeRO stage "
+            "1, as DistributedOptimizer(..., shard_optimizer_state=True)): each rank keeps "
+            "1/size of the slots; gradients are reduce-scattered and the updated slices "
+            "allgathered. Elementwise optimizers (SGD, Adam, AdamW, ...) only; others raise "
+            "ShardedStateError. Must be the same on every rank.",
+            same_on_all_ranks=True),
     Setting("HPCREP_CHECKPOINT_DIR", str, "",
             "Directory of HDF5 checkpoints for transparent mode (CheckpointCallback): resume "
             "from the newest good checkpoint there and save each epoch. Empty disables."),

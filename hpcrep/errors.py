@@ -85,6 +85,11 @@ class ReplicaContextError(HpcrepError, RuntimeError):
     """
 
 
+class ShardedStateError(HpcrepError, ValueError):
+    """Optimizer state cannot be sharded across ranks as asked (``shard_optimizer_state``): an
+    optimizer or option whose result would differ from the unsharded optimizer's."""
+
+
 class ReplicatorError(HpcrepError, ValueError):
     """A :class:`hpcrep.replicator.Replicator` was configured or used in a way it cannot honour."""
 

@@ -217,8 +217,19 @@ class Replicator:
         (the communicator current in :meth:`run`): whole variables over the replicas, sharded
         ones over the copies of the same shard. ``kwargs`` go to
         :func:`hpcrep.tensorflow.DistributedOptimizer` (compression, op, ...).
-        An optimizer that already reduces its gradients is returned unchanged.
+        ``shard_optimizer_state=True`` keeps 1/N of the optimizer's slots on each of the N
+        replicas (ZeRO stage 1, :mod:`hpcrep.tensorflow.zero`; synchronous regime only). An
+        optimizer that already reduces its gradients is returned unchanged.
+
+        Raises:
+            ReplicatorError: ``shard_optimizer_state`` in the asynchronous regime (each sync
+                group keeps its own copy of the weights; their state is not sharded).
         """
+        if kwargs.get("shard_optimizer_state") and self._group is not None:
+            raise ReplicatorError(
+                "shard_optimizer_state=True needs the synchronous regime: with sync groups "
+                "each group trains its own copy of the weights against the parameter store. "
+                "Use Replicator() (sync) or drop shard_optimizer_state.")
         if is_distributed(optimizer):
             return optimizer
         return DistributedOptimizer(optimizer, **kwargs)

@@ -22,13 +22,16 @@ from typing import Any, Optional
 import keras
 import tensorflow as tf
 
+from hpcrep import comm
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
-from hpcrep.errors import CollectiveArgumentError
+from hpcrep.errors import CollectiveArgumentError, ShardedStateError
 from hpcrep.tensorflow.compression import Compression
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope, reduced_scope
+from hpcrep.tensorflow.powersgd import is_stateful
 from hpcrep.tensorflow.replica_check import checks_replicas
 from hpcrep.tensorflow.timeline import mark_step
 from hpcrep.tensorflow.variables import local_layer_variables, variable_key
+from hpcrep.tensorflow import zero
 
 
 class _DistributedMixin:
@@ -148,7 +151,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
                          op: Any = ReduceOp.Average, gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups: Any = None, process_set: Any = None,
-                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+                         scale_local_gradients: bool = True,
+                         shard_optimizer_state: bool = False) -> keras.optimizers.Optimizer:
     """Return a copy of ``optimizer`` whose ``apply`` averages gradients across ranks first.
 
     Arguments follow ``horovod.tensorflow.keras.DistributedOptimizer``: with ``process_set``
@@ -168,8 +172,18 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     created when the optimizer is built, as variables of the optimizer (error buffers: per rank,
     saved by hpcrep's checkpoints).
 
+    ``shard_optimizer_state=True`` (ZeRO stage 1, :mod:`hpcrep.tensorflow.zero`): each rank
+    keeps 1/size of the optimizer's slots; gradients are reduce-scattered, each rank updates
+    its slice of the variables and the slices are allgathered. Results equal the unsharded
+    optimizer's up to the order of the gradient sum, bitwise equal on every rank. Keras's
+    elementwise optimizers only (SGD, Adam, AdamW, ...); options it cannot reproduce exactly
+    raise :class:`~hpcrep.errors.ShardedStateError` on every rank. On one rank it is the plain
+    optimizer. Checkpoint with :mod:`hpcrep.checkpoint` (the state is gathered to full shape).
+
     Raises:
         CollectiveArgumentError: invalid ``op``, ``backward_passes_per_step`` or factors.
+        ShardedStateError: ``shard_optimizer_state`` with an optimizer or option it cannot
+            shard exactly.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise CollectiveArgumentError(
@@ -182,6 +196,15 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
         raise CollectiveArgumentError(
             "Adasum does not support average_aggregated_gradients == True (as in Horovod); "
             "drop it (Adasum combines the summed gradients of the k passes) or use op=Average")
+    if shard_optimizer_state and is_stateful(compression):
+        raise ShardedStateError(
+            "shard_optimizer_state=True cannot be combined with a stateful compression such as "
+            "Compression.powersgd yet (its error buffers are per full gradient; ZeRO's step "
+            "reduce-scatters flat slices): use Compression.none or fp16, or do not shard")
+    if shard_optimizer_state:
+        zero.check_shardable(optimizer, op=as_reduce_op(op),
+                             backward_passes_per_step=backward_passes_per_step,
+                             process_set=process_set)
     reducer = GradientReducer(
         op=op, compression=compression, sparse_as_dense=sparse_as_dense, num_groups=num_groups,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups,
@@ -189,12 +212,42 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    dist = _distributed_class(type(optimizer)).from_config(config)
+    cls = _distributed_class(type(optimizer))
+    sharded = shard_optimizer_state and comm.size() > 1  # one rank: the plain optimizer
+    dist = (zero.sharded_class(cls, type(optimizer)) if sharded else cls).from_config(config)
     dist._hpcrep_reducer = reducer
     dist._hpcrep_passes = int(backward_passes_per_step)
     dist._hpcrep_average_passes = bool(average_aggregated_gradients)
     dist._hpcrep_acc = None
+    for attr in ("_exclude_from_weight_decay", "_exclude_from_weight_decay_pattern"):
+        if hasattr(optimizer, attr):  # exclude_from_weight_decay(): not in get_config()
+            setattr(dist, attr, getattr(optimizer, attr))
+    if sharded:
+        zero.shard_state(dist, reducer)
     return dist
+
+
+def shard_in_place(optimizer: keras.optimizers.Optimizer, reducer: GradientReducer) -> None:
+    """Make an unbuilt plain ``optimizer`` (same object) shard its state across ranks, as
+    ``DistributedOptimizer(optimizer, shard_optimizer_state=True)`` does, reducing with
+    ``reducer`` (transparent mode, ``HPCREP_SHARD_OPTIMIZER_STATE``). Local.
+
+    Raises:
+        ShardedStateError: ``optimizer`` cannot shard its state, or is built already.
+    """
+    zero.check_shardable(optimizer, op=reducer.op, backward_passes_per_step=1,
+                         process_set=reducer.process_set)
+    if optimizer.built:
+        raise ShardedStateError(
+            f"{optimizer.name} was built (its full-size slots exist) before its state could be "
+            "sharded; create and build it inside transparent mode, or do not shard")
+    object.__setattr__(optimizer, "__class__",
+                       zero.sharded_class(_distributed_class(type(optimizer)), type(optimizer)))
+    optimizer._hpcrep_reducer = reducer
+    optimizer._hpcrep_passes = 1
+    optimizer._hpcrep_average_passes = False
+    optimizer._hpcrep_acc = None
+    zero.shard_state(optimizer, reducer)
 
 
 def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, *,

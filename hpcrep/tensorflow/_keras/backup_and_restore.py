@@ -29,6 +29,7 @@ import keras
 
 from hpcrep import comm
 from hpcrep.checkpoint.root_io import agree_outcome, commit, discard, temporary_beside
+from hpcrep.tensorflow import zero
 from hpcrep.tensorflow._keras import lr_scale
 from hpcrep.tensorflow.variables import broadcast_variables
 
@@ -43,7 +44,8 @@ def _combined(ours: type, theirs: type) -> type:
 
 def broadcast_model_state(model: Any, root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s model variables and, if its optimizer is built there,
-    the optimizer's variables (building the optimizer on ranks where it is not).
+    the optimizer's variables (building the optimizer on ranks where it is not); a sharded
+    optimizer's state that ``root_rank`` loaded from a file goes to every rank's slice.
 
     Collective: every rank must call this, with the same architecture.
     """
@@ -57,6 +59,8 @@ def broadcast_model_state(model: Any, root_rank: int = 0) -> None:
             optimizer.build(model.trainable_variables)
         variables += list(optimizer.variables)
     broadcast_variables(variables, root_rank)
+    if built:
+        zero.share_loaded_state(optimizer, root_rank)  # sharded state rank 0 read from a file
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -120,6 +124,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     # ----- save ------------------------------------------------------------------------------
     def _save_model(self) -> None:
         """Collective: rank 0 writes the backup atomically; a failure raises on every rank."""
+        zero.consolidate(getattr(self.model, "optimizer", None))  # sharded state: gathered
         error = None
         if comm.rank() == 0:
             try:

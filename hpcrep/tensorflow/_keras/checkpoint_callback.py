@@ -20,7 +20,7 @@ from hpcrep import comm, config
 from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, host_rng_state,
                                requeue, set_host_rng_state, slurm_job_id)
 from hpcrep.errors import CheckpointError
-from hpcrep.tensorflow import sharded_variables
+from hpcrep.tensorflow import sharded_variables, zero
 from hpcrep.tensorflow._keras import lr_scale
 from hpcrep.tensorflow.powersgd import rank_local_variables
 
@@ -52,6 +52,7 @@ def set_tf_rng_state(state: dict[str, np.ndarray]) -> None:
 
 
 def _optimizer_variables(model: Any, optimizer: Any) -> list:
+    """The optimizer's variables (its slots: built first if needed), or [] without one."""
     if optimizer is None:
         return []
     if not optimizer.built:
@@ -67,26 +68,47 @@ def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
     (:mod:`hpcrep.tensorflow._keras.lr_scale`). Sharded variables of tensor-parallel layers,
     and their optimizer slots, are saved whole: gathered over the replica's ranks
     (:mod:`hpcrep.tensorflow.sharded_variables`), so the state is that of the same model
-    unsharded. State that differs between ranks by design (PowerSGD's error buffers,
+    unsharded. Sharded optimizer state (``shard_optimizer_state=True``,
+    :mod:`hpcrep.tensorflow.zero`) is gathered to the layout of the unsharded optimizer, so the
+    checkpoint restores with or without sharding, at any number of ranks. State that differs
+    between ranks by design (PowerSGD's error buffers,
     :func:`hpcrep.tensorflow.powersgd.rank_local_variables`) is gathered from every rank into
     ``"rank_local": {"<rank>": [...]}``.
 
-    Local for a model without sharded variables or per-rank state; with either, collective:
-    every rank must call this, in the same order.
+    Local for a model without sharded variables, sharded optimizer state or per-rank state;
+    with any of them, collective: every rank must call this, in the same order.
+
+    Raises:
+        CheckpointError: tensor-parallel layers with an optimizer that shards its state (not
+            supported together yet).
     """
     variables = list(model.variables)
     slots = _optimizer_variables(model, optimizer)
     var_specs, slot_specs = sharded_variables.specs_of(variables, slots)
+    _check_not_both_sharded(optimizer, var_specs)
     with lr_scale.unscaled(optimizer):
+        if optimizer is not None and zero.is_sharded(optimizer):
+            saved_slots = zero.state_arrays(optimizer)
+        else:
+            saved_slots = [sharded_variables.full_value(v, s) for v, s in zip(slots, slot_specs)]
         state = {"model": [sharded_variables.full_value(v, s)
                            for v, s in zip(variables, var_specs)],
-                 "optimizer": [sharded_variables.full_value(v, s)
-                               for v, s in zip(slots, slot_specs)],
+                 "optimizer": saved_slots,
                  "rng": {**host_rng_state(), **tf_rng_state()}}
     local = rank_local_variables(optimizer)
     if local:
         state["rank_local"] = _gather_rank_local(local)
     return state
+
+
+def _check_not_both_sharded(optimizer: Any, var_specs: list) -> None:
+    """Refuse tensor-parallel variables with ZeRO-sharded optimizer state. Local (every rank
+    has the same model and optimizer)."""
+    if (optimizer is not None and zero.is_sharded(optimizer)
+            and any(spec is not None for spec in var_specs)):
+        raise CheckpointError(
+            "checkpoints of tensor-parallel layers with an optimizer that shards its state "
+            "(shard_optimizer_state=True) are not supported yet; use one or the other")
 
 
 def _gather_rank_local(variables: list) -> dict[str, list[np.ndarray]]:
@@ -136,11 +158,13 @@ def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> 
     variables = list(model.variables)
     slots = _optimizer_variables(model, optimizer)
     var_specs, slot_specs = sharded_variables.specs_of(variables, slots)
-    pairs = [("model", variables, var_specs), ("optimizer", slots, slot_specs)]
+    _check_not_both_sharded(optimizer, var_specs)
+    zero_state = optimizer is not None and zero.is_sharded(optimizer)
+    pairs = [("model", variables, var_specs)]
+    if optimizer is not None and not zero_state:
+        pairs.append(("optimizer", slots, slot_specs))
     for group, variables, specs in pairs:
         saved = ckpt.list(group)
-        if group == "optimizer" and optimizer is None:
-            continue
         if len(saved) != len(variables):
             raise CheckpointError(
                 f"{ckpt.path} holds {len(saved)} {group} variables, this {group} has "
@@ -151,8 +175,22 @@ def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> 
                 sharded = "" if spec is None else " (whole; this rank holds a slice)"
                 raise CheckpointError(f"{ckpt.path}: {group} variable {i} ({v.path}) has shape "
                                       f"{expected}{sharded}, the checkpoint has {a.shape}")
-        for v, a, spec in zip(variables, saved, specs):
+    if zero_state:
+        shapes, saved = zero.state_shapes(optimizer), ckpt.list("optimizer")
+        if len(saved) != len(shapes):
+            raise CheckpointError(
+                f"{ckpt.path} holds {len(saved)} optimizer variables, this optimizer has "
+                f"{len(shapes)}; restore into the same architecture/optimizer it was saved from")
+        for i, (shape, a) in enumerate(zip(shapes, saved)):
+            if shape != a.shape:
+                raise CheckpointError(f"{ckpt.path}: optimizer variable {i} "
+                                      f"({optimizer.name}[{i}]) has shape {shape}, the "
+                                      f"checkpoint has {a.shape}")
+    for group, variables, specs in pairs:
+        for v, a, spec in zip(variables, ckpt.list(group), specs):
             v.assign(sharded_variables.slice_of(a, spec, str(v.path)))
+    if zero_state:
+        zero.assign_state(optimizer, ckpt.list("optimizer"))
     lr_scale.rescale_after_load(optimizer)
     _restore_rank_local(ckpt, optimizer)
     rng = ckpt.group("rng")

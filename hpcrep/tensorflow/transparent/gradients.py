@@ -41,7 +41,8 @@ from hpcrep.tensorflow import loss_scale
 from hpcrep.tensorflow.compression import Compression
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope
 from hpcrep.tensorflow._keras.lr_scale import scale_learning_rate
-from hpcrep.tensorflow.optimizer import is_distributed
+from hpcrep.tensorflow import zero
+from hpcrep.tensorflow.optimizer import is_distributed, shard_in_place
 from hpcrep.tensorflow.replica_check import checks_replicas
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
 
@@ -57,6 +58,12 @@ def install(patches: PatchSet) -> None:
     own: "weakref.WeakKeyDictionary[Any, GradientReducer]" = weakref.WeakKeyDictionary()
     seen: "weakref.WeakSet[Any]" = weakref.WeakSet()
     scale = config.get("HPCREP_TRANSPARENT_SCALE_LR") and comm.size() > 1
+    shard = config.get("HPCREP_SHARD_OPTIMIZER_STATE") and comm.size() > 1
+    if shard and kind == "powersgd":
+        raise TransparentModeError(
+            "HPCREP_SHARD_OPTIMIZER_STATE=1 and HPCREP_COMPRESSION=powersgd cannot be combined "
+            "yet (PowerSGD's error buffers are per full gradient, ZeRO's step reduce-scatters "
+            "flat slices): unset one of them")
 
     def reducer_of(optimizer: Any) -> GradientReducer:
         """The shared reducer, or with PowerSGD the optimizer's own (state per optimizer)."""
@@ -81,6 +88,12 @@ def install(patches: PatchSet) -> None:
         if is_distributed(self) or in_reduced_scope():  # averaged already: by a
             # DistributedOptimizer's apply, or by a LossScaleOptimizer around this one
             return original(self, grads, trainable_variables)
+        if shard and (self.built or trainable_variables is not None):
+            # HPCREP_SHARD_OPTIMIZER_STATE: only optimizers that shard their state apply
+            if self.built or type(self) not in zero.SHARDABLE:
+                shard_in_place(self, reducer)  # raises, saying why it cannot
+            self.build(list(trainable_variables))  # the patched build below shards it
+            return self.apply(grads, trainable_variables)
         if self not in seen:
             seen.add(self)
             if scale:
@@ -105,9 +118,31 @@ def install(patches: PatchSet) -> None:
 
         patches.attr(build_owner, "build", build)
         patches.label(f"optimizer build (PowerSGD rank {rank}, warm-up {warmup} state)")
+    if shard:
+        _shard_on_build(patches, reducer, scale)
     # A LossScaleOptimizer averages with the same reducer, before its finiteness check, so
     # every rank skips or applies the same steps (hvd.init() installed its wrapper).
     patches.attr(loss_scale, "transparent_reducer", reducer)
     patches.label("optimizer apply (gradients averaged; LossScaleOptimizer: before its check)")
     patches.label(f"learning rate x{comm.size() if scale else 1}"
                   f"{'' if scale else ' (HPCREP_TRANSPARENT_SCALE_LR=1 for xN)'}")
+
+
+def _shard_on_build(patches: PatchSet, reducer: GradientReducer, scale: bool) -> None:
+    """Patch ``build`` of the optimizers that can shard their state: the first build makes the
+    optimizer (the same object) shard it, before any full-size slot exists. Exact classes only:
+    a user's subclass, or another optimizer, is refused when it applies. Local."""
+    owners = list(dict.fromkeys(defining_class(k, "build") for k in zero.SHARDABLE))
+    for kind in owners:  # AdamW builds with Adam's build: patched once
+        original = vars(kind)["build"]
+
+        def build(self: Any, variables: Any, _original: Any = original) -> Any:
+            if is_distributed(self) or type(self) not in zero.SHARDABLE:  # an explicit
+                return _original(self, variables)  # DistributedOptimizer, a subclass
+            shard_in_place(self, reducer)
+            if scale:
+                scale_learning_rate(self, comm.size())
+            return self.build(variables)
+
+        patches.attr(kind, "build", build)
+    patches.label("optimizer state sharded across ranks (HPCREP_SHARD_OPTIMIZER_STATE=1)")

@@ -28,6 +28,7 @@ import keras
 from hpcrep import comm
 from hpcrep.checkpoint.root_io import (SUFFIXES, agree_outcome, commit, discard,
                                        temporary_beside)
+from hpcrep.tensorflow import zero
 from hpcrep.tensorflow._keras import lr_scale
 from hpcrep.tensorflow._keras.backup_and_restore import broadcast_model_state
 from hpcrep.tensorflow.transparent.patching import PatchSet, defining_class
@@ -64,6 +65,7 @@ def _rank_zero_writer(original: Any, what: str) -> Any:
 
         if in_keras_loop():
             return save() if comm.rank() == 0 else None
+        zero.consolidate(getattr(self, "optimizer", None))  # sharded state: every rank gathers
         result, error = None, None
         if comm.rank() == 0:
             try:
