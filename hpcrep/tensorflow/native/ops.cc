@@ -145,10 +145,14 @@ class WaitOp : public AsyncOpKernel {
       } else {
         ctx->set_output(0, request->buffer);
       }
+      // Recorded before done(): once TensorFlow has the result, the step (and the timeline's
+      // drain at its end or at exit) may come before a record written after it.
       const bool stamped = request->stamps[kOpStart] != 0;
-      if (stamped) request->stamps[kReturned] = NowNs();
+      if (stamped) {
+        request->stamps[kReturned] = NowNs();
+        RecordRequest(*request);
+      }
       done();
-      if (stamped) RecordRequest(*request);  // request is still ours (shared)
     };
     // A small allreduce is often done within microseconds: finishing here, on this thread,
     // spares TensorFlow a wake-up from the communication thread.
