@@ -1,6 +1,8 @@
 """hvd.join(): a rank without data joins; the others' allreduces and allgathers complete with its
 contribution absent (Horovod test_horovod_join_allreduce), and join returns the same rank on all."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -43,6 +45,35 @@ def test_join_allreduce_sums_without_the_joined_rank(world, first):
     for got, want in results:
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
                                    rtol=1e-3)
+
+
+def test_compiled_allreduce_beyond_the_chunk_size_while_a_rank_waits(world, skip_missing):
+    """A waiting rank's zeros are cut into the same MPI calls as the active ranks' buffers
+    (HPCREP_ALLREDUCE_CHUNK, here 200 bytes: 20 pieces of a 1000-float tensor). Cut into one
+    call instead, its MPI calls no longer pair with theirs: the job hangs (or mixes pieces)."""
+    from hpcrep.tensorflow import native  # noqa: PLC0415
+
+    r, n = world
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    if not native.active():
+        skip_missing(f"the compiled allreduce op: {native.status()[1]}")
+    tensor = tf.reshape(tf.range(1000, dtype=tf.float32), [1000])
+    old = os.environ.get("HPCREP_ALLREDUCE_CHUNK")
+    os.environ["HPCREP_ALLREDUCE_CHUNK"] = "200"
+    try:
+        if r == 0:
+            ret = int(hvd.join())
+        else:
+            got = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))(tensor)
+            ret = int(tf.function(hvd.join)())
+            np.testing.assert_array_equal(got.numpy(), tensor.numpy() * (n - 1))
+    finally:
+        if old is None:
+            os.environ.pop("HPCREP_ALLREDUCE_CHUNK")
+        else:
+            os.environ["HPCREP_ALLREDUCE_CHUNK"] = old
+    assert ret == n - 1
 
 
 def test_uneven_steps_then_broadcast_from_last(world):

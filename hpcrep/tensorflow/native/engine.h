@@ -93,8 +93,9 @@ struct Agreement {
 };
 
 // Per request, what a rank waiting in join() needs to take part: shared by the lowest active rank.
+// chunk_bytes too: a waiting rank must cut its zeros into the same MPI calls (AllreduceLarge).
 struct Layout {
-  int64_t dtype, kind, length, postscale_bits;
+  int64_t dtype, kind, length, postscale_bits, chunk_bytes;
 };
 
 class Engine {

@@ -69,7 +69,7 @@ int Engine::ShareLayout(const Batch& batch, int64_t count, bool joined,
   int rc = MPI_Iallreduce(&candidate, &root, 1, MPI_INT64_T, MPI_MIN, comm_, &request);
   if (rc == MPI_SUCCESS) rc = Await(&request);
   if (rc != MPI_SUCCESS) return rc;
-  layout->assign(count, Layout{0, 0, 0, 0});
+  layout->assign(count, Layout{0, 0, 0, 0, 0});
   if (!joined && root == rank_) {
     for (int64_t i = 0; i < count; ++i) {
       Layout& l = (*layout)[i];
@@ -77,10 +77,12 @@ int Engine::ShareLayout(const Batch& batch, int64_t count, bool joined,
       l.kind = batch[i]->kind;
       l.length = batch[i]->length;
       std::memcpy(&l.postscale_bits, &batch[i]->postscale, sizeof(double));
+      l.chunk_bytes = batch[i]->chunk_bytes;
     }
   }
-  static_assert(sizeof(Layout) == 4 * sizeof(int64_t), "Layout travels as int64 words");
-  rc = MPI_Ibcast(layout->data(), static_cast<int>(4 * count), MPI_INT64_T,
+  constexpr int kWords = sizeof(Layout) / sizeof(int64_t);
+  static_assert(sizeof(Layout) == kWords * sizeof(int64_t), "Layout travels as int64 words");
+  rc = MPI_Ibcast(layout->data(), static_cast<int>(kWords * count), MPI_INT64_T,
                   static_cast<int>(root), comm_, &request);
   if (rc == MPI_SUCCESS) rc = Await(&request);
   return rc;
@@ -109,6 +111,7 @@ Batch Engine::ZeroRequests(const std::vector<Layout>& layout) {
     r->kind = static_cast<int>(l.kind);
     r->length = l.length;
     std::memcpy(&r->postscale, &l.postscale_bits, sizeof(double));
+    r->chunk_bytes = l.chunk_bytes;
     r->buffer = tensorflow::Tensor(r->dtype, tensorflow::TensorShape({r->length}));
     std::memset(r->buffer.data(), 0, r->buffer.TotalBytes());
     out.push_back(r);
