@@ -44,22 +44,29 @@ test-mpi:
 test-launch:
 	$(PYTEST) -q --durations=15 tests/launch
 
-# Suites that test arithmetic on top of the collectives (tensor-parallel layers, ZeRO-1,
-# PowerSGD), not the transport: they run at 4 and 1 ranks in test-mpi, and across the nodes
-# would only repeat that (about 3 minutes of the gate).
-CLUSTER_MPI_SKIP := --ignore=tests/mpi/test_tensor_parallel.py --ignore=tests/mpi/test_zero.py \
-	--ignore=tests/mpi/test_powersgd.py
+# Across the nodes, the suites whose outcome depends on the transport or the placement: the
+# collectives on both paths, fusion and chunking, the hierarchical allreduce, join, the mismatch
+# checks, process sets, local and cross ranks, the one-sided parameter stores, the Replicator's
+# regimes, and one end-to-end training file. The rest (checkpoints, Keras callbacks, transparent
+# mode, tensor-parallel layers, ZeRO-1, PowerSGD) tests arithmetic on top of these collectives:
+# it runs at 4 and 1 ranks in test-mpi, and across the nodes would only repeat that.
+CLUSTER_MPI_TESTS := $(addprefix tests/mpi/,test_comm_collectives.py test_tf_collectives.py \
+	test_native.py test_allreduce_path.py test_fusion_leases.py test_hierarchical_and_watchdog.py \
+	test_join.py test_mismatch.py test_mismatch_shapes.py test_order_by_name.py \
+	test_process_sets.py test_tf_process_sets.py test_param_store.py test_replicator.py \
+	test_adasum.py test_horovod_semantics.py test_horovod_api.py test_settings_agree.py \
+	test_training.py)
 
 # A multi-node cluster on this machine (tests/cluster: 2 nodes in network namespaces, Slurm on
-# them; needs root): the collective suite across the nodes (2 x 2 ranks), then tests/slurm and
+# them; needs root): the transport suites across the nodes (2 x 2 ranks), then tests/slurm and
 # tests/cluster. The cluster is removed afterwards, also after a failure. Not root: the tests
 # skip (and fail under CI=true).
 test-cluster:
 	@status=0; started=0; \
 	if [ "$$(id -u)" = 0 ]; then bash tests/cluster/up.sh --nodes 2 && started=1 || echo "test-cluster: cluster did not start"; \
 	else echo "test-cluster: not root, no cluster: tests skip (and fail under CI=true)"; fi; \
-	if [ "$$started" = 1 ]; then tests/cluster/mpirun.sh -n 4 -- $(PYTEST) -q $(CLUSTER_MPI_SKIP) tests/mpi || status=$$?; fi; \
-	$(PYTEST) -q tests/slurm tests/cluster || status=$$?; \
+	if [ "$$started" = 1 ]; then tests/cluster/mpirun.sh -n 4 -- $(PYTEST) -q --durations=10 $(CLUSTER_MPI_TESTS) || status=$$?; fi; \
+	$(PYTEST) -q --durations=10 tests/slurm tests/cluster || status=$$?; \
 	[ "$$started" = 0 ] || bash tests/cluster/down.sh; exit $$status
 
 # Quick weak-scaling benchmark of ResNet-50, SN-GAN and D4PG at 1 and 2 ranks (2 cores), one
