@@ -26,7 +26,7 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
     ("transparent", "backup", 2),
     ("transparent", "modelcheckpoint", 0),  # rank 0 is the one that writes
     ("explicit", "backup", 3),
-])  # HPCREP_CHECKPOINT_DIR: rerun-and-resume in test_transparent_checkpoint.py; kill -9 and a
+])  # HPCREP_CHECKPOINT_DIR: rerun-and-resume in test_resume_other_rank_count.py; kill -9 and a
 # bitwise resume from hpcrep checkpoints in test_kill_resume.py (and across nodes, tests/cluster)
 def test_kill9_then_rerun_resumes_bitwise(api, protect, victim, mpirun, scratch, keras_job,
                                           epochs_logged, weights_file):
