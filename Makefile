@@ -36,13 +36,13 @@ TF_TESTS := tests/mpi/test_tf_collectives.py tests/mpi/test_training.py \
 	tests/mpi/test_tf_process_sets.py
 test-mpi:
 	$(PY) -m hpcrep.tensorflow.native
-	$(MPIRUN) -n 4 -- $(PYTEST) -q tests/mpi
+	$(MPIRUN) -n 4 -- $(PYTEST) -q --durations=25 tests/mpi
 	$(MPIRUN) -n 1 -- $(PYTEST) -q tests/mpi
 	HPCREP_NATIVE=off $(MPIRUN) -n 4 -- $(PYTEST) -q $(TF_TESTS)
 
 # Tests that start MPI jobs themselves (runner, failures injected, jobs/ examples).
 test-launch:
-	$(PYTEST) -q --durations=15 tests/launch
+	$(PYTEST) -q --durations=40 tests/launch
 
 # Across the nodes, the suites whose outcome depends on the transport or the placement: the
 # collectives on both paths, fusion and chunking, the hierarchical allreduce, join, the mismatch

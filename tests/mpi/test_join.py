@@ -10,6 +10,7 @@ import tensorflow as tf
 import hpcrep.comm as hc
 from hpcrep.comm import join as comm_join
 import hpcrep.tensorflow as hvd
+from hpcrep.tensorflow import native
 from hpcrep.errors import JoinError
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,8 +52,6 @@ def test_compiled_allreduce_beyond_the_chunk_size_while_a_rank_waits(world, skip
     """A waiting rank's zeros are cut into the same MPI calls as the active ranks' buffers
     (HPCREP_ALLREDUCE_CHUNK, here 200 bytes: 20 pieces of a 1000-float tensor). Cut into one
     call instead, its MPI calls no longer pair with theirs: the job hangs (or mixes pieces)."""
-    from hpcrep.tensorflow import native  # noqa: PLC0415
-
     r, n = world
     if n < 2:
         pytest.skip("needs 2 ranks")

@@ -218,13 +218,18 @@ def begin_join(communicator: Any) -> None:
 def end_join(communicator: Any) -> None:
     """Wait until the thread has seen every rank join (it leaves join mode with all of them).
 
-    Local (the thread's cycles are what communicate).
+    Local (the thread's cycles are what communicate). Every rank has joined by now, so this is
+    quick; the stall watchdog watches it (``HPCREP_STALL_TIMEOUT``), so a thread that never
+    leaves join mode aborts the job with a report instead of hanging it.
     """
+    from hpcrep.comm import watchdog  # noqa: PLC0415
+
     entry = _find(communicator)
     if entry is None:
         return
-    while _library().join_pending(entry.engine_id):
-        time.sleep(0.001)
+    with watchdog.watching("join (the compiled path's thread leaving join mode)", ()):
+        while _library().join_pending(entry.engine_id):
+            time.sleep(0.001)
 
 
 def active_cycles(communicator: Any) -> int:
