@@ -2,7 +2,7 @@
 ``HPCREP_STALL_TIMEOUT=4`` the whole job ends by itself, mpirun exits non-zero, every rank's
 process is gone, and the report names the collective, the tensor and the rank that never came.
 
-The cross-node case (a cut link) is tests/cluster/test_failures.py; this one needs no root.
+The cross-node case (a cut link) is tests/cluster/test_launcher_ends.py; this one needs no root.
 """
 
 from __future__ import annotations
