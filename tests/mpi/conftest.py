@@ -21,6 +21,9 @@ import pytest
 import hpcrep.comm as hc
 from hpcrep.comm import collectives as comm_collectives
 
+# Names that never meet fail after HPCREP_MATCH_TIMEOUT (30 s by default) of silence: the suite
+# waits that long once (test_order_by_name), so it runs with 10 s. Every rank sets the same.
+os.environ.setdefault("HPCREP_MATCH_TIMEOUT", "10")
 hc.init()
 from mpi4py import MPI  # noqa: E402 - after hpcrep initialised MPI
 

@@ -161,7 +161,7 @@ def test_names_that_never_meet_fail_on_every_rank_instead_of_hanging(compiled):
     r, n = compiled
     if n < 2:
         pytest.skip("needs 2 ranks")
-    # The world engine started with HPCREP_MATCH_TIMEOUT as the job had it (default 30 s).
+    # The world engine started with HPCREP_MATCH_TIMEOUT as the job had it (10 s: conftest.py).
     timeout = float(config.get("HPCREP_MATCH_TIMEOUT"))
     start = time.monotonic()
     with pytest.raises(CollectiveMismatchError, match="never met") as info:
