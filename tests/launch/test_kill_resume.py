@@ -1,13 +1,13 @@
 """kill -9 one rank of a 2-rank training run (4 ranks across two nodes: tests/cluster/
-test_failures.py): the job exits (no hang), the same command resumes
-from the last checkpoint, and the final weights equal an uninterrupted run's bitwise (op
-determinism on, fixed seeds, data a pure function of step and rank plus label noise drawn from
-the global generators after the resume (so their restored state counts), MPI reductions in a fixed
-order at a fixed world size). The same under ``mixed_float16`` (``--mixed-precision``): the loss
-scale grows, one rank's overflow makes every rank skip a step (before and after the kill), and
-the final loss scale, its step counter and every other optimizer variable equal the uninterrupted
-run's too. And with PowerSGD (``--powersgd 2``): the checkpoint holds each rank's own error
-buffers (they differ between ranks) and the resumed run gives every rank its own back."""
+test_failures.py): the job exits (no hang), the same command resumes from the last checkpoint,
+and the final weights equal an uninterrupted run's bitwise (op determinism on, fixed seeds, data
+a pure function of step and rank plus label noise drawn from the global generators after the
+resume (so their restored state counts), MPI reductions in a fixed order at a fixed world size).
+The same under ``mixed_float16`` (``--mixed-precision``): the loss scale grows, one rank's
+overflow makes every rank skip a step (before and after the kill), and the final loss scale, its
+step counter and every other optimizer variable equal the uninterrupted run's too. And with
+PowerSGD (``--powersgd 2``): the checkpoint holds each rank's own error buffers (they differ
+between ranks) and the resumed run gives every rank its own back."""
 
 import os
 

@@ -1,8 +1,6 @@
 """hvd.join(): a rank without data joins; the others' allreduces and allgathers complete with its
 contribution absent (Horovod test_horovod_join_allreduce), and join returns the same rank on all."""
 
-import os
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -47,7 +45,7 @@ def test_join_allreduce_sums_without_the_joined_rank(world, first):
                                    rtol=1e-3)
 
 
-def test_allreduce_beyond_the_chunk_size_while_a_rank_waits(world):
+def test_allreduce_beyond_the_chunk_size_while_a_rank_waits(world, monkeypatch):
     """A waiting rank's zeros are cut into the same MPI calls as the active ranks' buffers
     (HPCREP_ALLREDUCE_CHUNK, here 200 bytes: 20 pieces of a 1000-float tensor), on whichever
     path is on (the compiled one unless HPCREP_NATIVE=off). Cut into one call instead, the
@@ -56,20 +54,13 @@ def test_allreduce_beyond_the_chunk_size_while_a_rank_waits(world):
     if n < 2:
         pytest.skip("needs 2 ranks")
     tensor = tf.reshape(tf.range(1000, dtype=tf.float32), [1000])
-    old = os.environ.get("HPCREP_ALLREDUCE_CHUNK")
-    os.environ["HPCREP_ALLREDUCE_CHUNK"] = "200"
-    try:
-        if r == 0:
-            ret = int(hvd.join())
-        else:
-            got = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))(tensor)
-            ret = int(tf.function(hvd.join)())
-            np.testing.assert_array_equal(got.numpy(), tensor.numpy() * (n - 1))
-    finally:
-        if old is None:
-            os.environ.pop("HPCREP_ALLREDUCE_CHUNK")
-        else:
-            os.environ["HPCREP_ALLREDUCE_CHUNK"] = old
+    monkeypatch.setenv("HPCREP_ALLREDUCE_CHUNK", "200")
+    if r == 0:
+        ret = int(hvd.join())
+    else:
+        got = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))(tensor)
+        ret = int(tf.function(hvd.join)())
+        np.testing.assert_array_equal(got.numpy(), tensor.numpy() * (n - 1))
     assert ret == n - 1
 
 
