@@ -15,10 +15,11 @@ import pytest
 TRAIN = "slurm/examples/train_resumable.py"
 
 
-def train(directory: Path, steps: int, progress: bool = True) -> list[str]:
-    """The argv of the resumable training job, checkpointing into ``directory``."""
+def train(directory: Path, steps: int, progress: bool = True, sleep: float = 0.0) -> list[str]:
+    """The argv of the resumable training job, checkpointing into ``directory``, sleeping
+    ``sleep`` s per step (pacing, so that a kill lands mid-run)."""
     argv = [sys.executable, TRAIN, "--dir", str(directory / "ckpt"), "--steps", str(steps),
-            "--save-every", "5", "--sleep", "0.2", "--out", str(directory / "final.npz")]
+            "--save-every", "5", "--sleep", str(sleep), "--out", str(directory / "final.npz")]
     if progress:
         directory.mkdir(parents=True, exist_ok=True)
         argv += ["--progress", str(directory / "progress")]
@@ -55,7 +56,7 @@ def test_kill9_on_node2_ends_the_job_and_the_rerun_resumes(cluster, tmp_path):
     done = cluster.mpirun(["-n", "4"], train(ref, steps, progress=False), timeout=240)
     assert done.returncode == 0, done.stdout[-4000:]
 
-    proc = cluster.popen(["-n", "4"], train(run, steps))
+    proc = cluster.popen(["-n", "4"], train(run, steps, sleep=0.2))
     pids = wait_for_step(proc, run, kill_at)
     os.kill(pids[2], signal.SIGKILL)  # rank 2 runs on node2
     try:

@@ -37,11 +37,12 @@ def test_kill9_then_rerun_resumes_bitwise(api, protect, victim, mpirun, scratch,
     assert epochs_logged(root / "ref") == list(range(EPOCHS))
 
     argv = keras_job.argv(api, protect, root / "dir", root / "out", EPOCHS,
-                          "--sleep", "0.7", "--progress", str(root / "progress"))
-    mpirun.run_and_kill(RANKS, argv, str(root / "progress"), victim, KILL_AFTER)
+                          "--progress", str(root / "progress"))
+    mpirun.run_and_kill(RANKS, argv + ["--sleep", "0.7"], str(root / "progress"), victim,
+                        KILL_AFTER)
     assert not (root / "out" / "final.weights.h5").exists()
 
-    again = mpirun.run(RANKS, argv, timeout=300)
+    again = mpirun.run(RANKS, argv, timeout=300)  # the same job, without the killer's pacing
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     resumed_from = epochs_logged(root / "out")[0]
     assert KILL_AFTER <= resumed_from < EPOCHS  # not from scratch, not past the end

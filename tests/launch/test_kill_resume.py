@@ -82,7 +82,9 @@ def test_kill9_one_rank_then_resume_matches_uninterrupted(steps, extra, mpirun, 
         assert errors[0].shape == (8, 32) and np.abs(errors[0]).max() > 0
         assert not any(np.array_equal(errors[0], e) for e in errors[1:])
 
-    again = mpirun.run(RANKS, argv, cwd=mpirun.root)
+    # The same job again, without the pacing that let the killer catch it mid-run.
+    again = mpirun.run(RANKS, train(mpirun, scratch, "killed", steps, 0.0, *extra)[0],
+                       cwd=mpirun.root)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"start_step={saved[-1]} resumed_from=ckpt-{saved[-1]:09d}.h5" in again.stdout
     resumed, reference = final_state(run_dir), final_state(ref_dir)

@@ -53,11 +53,11 @@ def read_step(prefix: str) -> int:
 @pytest.mark.timeout(600)
 def test_signal_checkpoint_requeue_resume(slurm_env, wait_for, repo, tmp_path):
     steps = 60
-    args = ["--steps", str(steps), "--save-every", "1000", "--sleep", "0.3"]
+    args = ["--steps", str(steps), "--save-every", "1000"]
     ckpt_dir, out = tmp_path / "ckpt", tmp_path / "train.out"
     progress = str(tmp_path / "progress")
     job = sbatch(JobOptions(command=(sys.executable, TRAIN, "--dir", str(ckpt_dir), *args,
-                                     "--requeue", "--progress", progress,
+                                     "--sleep", "0.3", "--requeue", "--progress", progress,
                                      "--out", str(tmp_path / "final.npz")),
                             job_name="hpcrep-requeue", tasks_per_node=4, time="10",
                             output=str(out), signal_lead=120, requeue=True), slurm_env, repo)
@@ -72,7 +72,7 @@ def test_signal_checkpoint_requeue_resume(slurm_env, wait_for, repo, tmp_path):
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_env, check=True)
 
     # While the job is requeued and pending, compute the uninterrupted reference with mpirun
-    # (same 4 ranks).
+    # (same 4 ranks, the same steps without the pacing that let the signal land mid-run).
     ref = subprocess.run(mpirun_command(4, [sys.executable, TRAIN, "--dir",
                                             str(tmp_path / "ref"), *args, "--out",
                                             str(tmp_path / "ref.npz")]),
