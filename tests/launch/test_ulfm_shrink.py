@@ -1,6 +1,7 @@
 """ULFM on Open MPI 5 (``.venv-ulfm``, made by ``make ulfm``): one of 4 ranks is SIGKILLed in a
 numpy allreduce loop, and the 3 others shrink their communicator (hpcrep.comm.ulfm), resume from
-the step they agree on, finish with correct sums, and mpirun exits 0.
+the step they agree on, finish with correct sums, and mpirun exits 0. And ``ulfm.finalize`` ends
+a rank whose ``MPI_Finalize`` cannot complete.
 
 Skipped (a failure under CI=true) when ``.venv-ulfm`` has not been made.
 """
@@ -72,3 +73,23 @@ def test_survivors_of_a_sigkilled_rank_shrink_and_finish(ulfm_venv, scratch):
           f"{', '.join(f'{d:.1f}' for d in shrink_ms)} ms (ranks {survivors}; error classes "
           f"{classes})")
     assert max(delays) < 30e3, delays  # seconds, not minutes: no watchdog, no relaunch
+
+
+@pytest.mark.timeout(120)
+def test_finalize_ends_a_rank_whose_mpi_finalize_cannot_complete(ulfm_venv, scratch):
+    """After a failure Open MPI 5's MPI_Finalize can wait for good (seen once in the gate: three
+    survivors stuck in it); a rank that never finalizes makes it wait the same way."""
+    wait = 6.0
+    job = [str(ulfm_venv / "bin" / "python"), str(HERE / "ulfm_finalize_job.py"), str(scratch),
+           str(wait)]
+    argv = mpirun_command(2, job, mpirun=str(ulfm_venv / "bin" / "mpirun"),
+                          extra=["--with-ft", "ulfm"])
+    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1",
+                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=90, env=env, cwd=ROOT)
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    seen = json.loads((scratch / "rank1.json").read_text())
+    # rank 0 called finalize(timeout=1) about `wait` s before rank 1 looked: gone, not waiting
+    assert seen["checked"] - float((scratch / "finalizing").read_text()) > wait - 1, seen
+    assert not seen["rank0_alive_after_wait"], output
