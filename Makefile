@@ -55,9 +55,11 @@ test-mpi-1:
 # at a time (pytest-xdist): one at a time, the 2 cores were busy 1.5 of 2 on average (a killed
 # rank's job ending, a watchdog's timeout, paced runs); two at a time, 1.95, and the stage took
 # 695 s instead of 886 s. Each test's jobs have 2-4 ranks: more workers only oversubscribe.
+# A module whose fixture runs a job for all its tests is one xdist_group (loadgroup), so the job
+# runs once, not once per worker.
 LAUNCH_WORKERS ?= 2
 test-launch:
-	$(PYTEST) -q --durations=40 -n $(LAUNCH_WORKERS) tests/launch
+	$(PYTEST) -q --durations=40 -n $(LAUNCH_WORKERS) --dist loadgroup tests/launch
 
 # Across the nodes, the suites whose outcome depends on the transport or the placement: the
 # collectives on both paths, fusion and chunking, the hierarchical allreduce, join, the mismatch

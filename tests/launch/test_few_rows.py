@@ -15,6 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# The module-scoped job fixtures run once: make test-launch (pytest-xdist, --dist loadgroup)
+# keeps this module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("few_rows")
+
 JOB = str(Path(__file__).with_name("few_rows_job.py"))
 PREDICT_CASES = ["predict_one_row", "predict_fewer_rows", "predict_tfdata_fewer_batches",
                  "predict_tfdata_unknown_length", "predict_generator_fewer_items",

@@ -12,6 +12,10 @@ import h5py
 import numpy as np
 import pytest
 
+# The module-scoped job fixtures run once: make test-launch (pytest-xdist, --dist loadgroup)
+# keeps this module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("presharded_data")
+
 N = 2  # any rank count works: the expectations below follow from N
 ROWS, BATCH, EPOCHS = 64, 4, 2
 STEPS = ROWS // (BATCH * N)  # per rank and epoch (hpcrep.data.reader.shard_for)

@@ -11,6 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# The module-scoped job fixtures run once: make test-launch (pytest-xdist, --dist loadgroup)
+# keeps this module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("transparent_jobs")
+
 N = 4
 PROBE = str(Path(__file__).with_name("probe.py"))
 JOBS = {
