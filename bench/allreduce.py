@@ -20,6 +20,10 @@ link cap's lower bound for each size (:func:`bench.cluster.allreduce_lower_bound
 Each figure is the median over repetitions of the slowest rank's time; the four variants take
 turns within each repetition. A single-process memcpy of 256 MB gives the ceiling for
 shared-memory reductions on this machine.
+
+``--sweep`` times ResNet-50's gradient set at a grid of fusion thresholds and piece sizes
+instead (:mod:`bench.allreduce_sweep`; ``allreduce_sweep.json``/``.md``), at the first rank count
+of ``--ranks``, on this machine or across the cluster.
 """
 
 from __future__ import annotations
@@ -157,6 +161,19 @@ def _hierarchical(on: bool, fn: Callable[[], Any]) -> Any:
             os.environ["HPCREP_HIERARCHICAL_ALLREDUCE"] = before
 
 
+def resnet50_gradients(seed: int) -> list[np.ndarray]:
+    """Random float32 arrays shaped like the trainable variables of
+    ``keras.applications.ResNet50(weights=None)`` (214 arrays, 102 MB), drawn from ``seed``.
+    Local."""
+    import keras  # noqa: PLC0415
+
+    model = keras.applications.ResNet50(weights=None)
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    del model
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+
 def worker(quick: bool, resnet_only: bool = False) -> dict:
     """Run the measurements inside an MPI job; return rank 0's results (others return {}).
 
@@ -213,14 +230,7 @@ def worker(quick: bool, resnet_only: bool = False) -> dict:
     results["latency_1kb"] = measure(tiny, 50 if quick else 200)
     results["small"] = small_collectives(comm, 100 if quick else 300)
 
-    import keras  # noqa: PLC0415
-
-    model = keras.applications.ResNet50(weights=None)
-    shapes = [tuple(v.shape) for v in model.trainable_variables]
-    del model
-    rng = np.random.default_rng(comm.Get_rank())
-    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    resnet = measure(grads, 5 if quick else 15)
+    resnet = measure(resnet50_gradients(comm.Get_rank()), 5 if quick else 15)
     resnet["ratio_vs_raw_inplace"] = resnet["hpcrep_tf_ms"] / resnet["raw_inplace_ms"]
     resnet["ratio_vs_raw"] = resnet["hpcrep_tf_ms"] / resnet["raw_ms"]
     resnet["ratio_consumed_vs_raw_inplace"] = (resnet["hpcrep_tf_consumed_ms"]
@@ -363,6 +373,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--link", help="cap each cluster node's link, e.g. 1gbit, 10gbit")
     parser.add_argument("--resnet-only", action="store_true",
                         help="only ResNet-50's gradient set and the 1 KB latency (no size sweep)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="instead: ResNet-50's gradient set at a grid of fusion thresholds "
+                             "and piece sizes, at the first of --ranks (bench/allreduce_sweep.py)")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -373,15 +386,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     out = args.out or os.path.join("reports", time.strftime("%Y%m%d-%H%M%S"))
     ranks = [int(x) for x in args.ranks.split(",")]
+    if args.sweep:
+        from bench import allreduce_sweep as sweep  # noqa: PLC0415
+
+        measure, render, name = (lambda nodes: sweep.run(ranks[0], out, args.quick, nodes),
+                                 sweep.render_markdown, "allreduce_sweep")
+    else:
+        measure, render, name = (lambda nodes: run(ranks, out, args.quick, nodes,
+                                                   args.resnet_only), render_markdown, "allreduce")
     if args.cluster_nodes:
         from bench.cluster import cluster  # noqa: PLC0415
 
         with cluster(args.cluster_nodes, args.link) as nodes:
-            report = run(ranks, out, args.quick, nodes, args.resnet_only)
+            report = measure(nodes)
     else:
-        report = run(ranks, out, args.quick, resnet_only=args.resnet_only)
-    print(render_markdown(report))
-    print(f"wrote {out}/allreduce.json and {out}/allreduce.md")
+        report = measure(None)
+    print(render(report))
+    print(f"wrote {out}/{name}.json and {out}/{name}.md")
     return 0
 
 
