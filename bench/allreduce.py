@@ -265,19 +265,28 @@ def run(ranks: Sequence[int], out_dir: str, quick: bool = False, cluster: Any = 
     env = mpirun_env()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     for n in ranks:
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
-            path = tmp.name
-        command = ([sys.executable, "-m", "bench.allreduce", "--worker", path]
-                   + (["--quick"] if quick else []) + (["--resnet-only"] if resnet_only else []))
-        subprocess.run(launch(n, command), env=env, check=True)
-        with open(path) as f:
-            report["runs"][str(n)] = json.load(f)
-        os.unlink(path)
+        args = (["--quick"] if quick else []) + (["--resnet-only"] if resnet_only else [])
+        report["runs"][str(n)] = worker_job(launch, n, "bench.allreduce", args, env)
     with open(os.path.join(out_dir, "allreduce.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(out_dir, "allreduce.md"), "w") as f:
         f.write(render_markdown(report))
     return report
+
+
+def worker_job(launch: Callable[[int, list], list], n: int, module: str, args: Sequence[str],
+               env: dict) -> dict:
+    """Run ``python -m MODULE --worker JSON ARGS`` on ``n`` ranks through ``launch`` (an
+    mpirun-command builder) and return what rank 0 wrote to JSON. Local."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        path = tmp.name
+    try:
+        subprocess.run(launch(n, [sys.executable, "-m", module, "--worker", path, *args]),
+                       env=env, check=True)
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)
 
 
 def _gbps(nbytes: int, ms: float) -> float:

@@ -20,9 +20,7 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -89,6 +87,7 @@ def run(ranks: int, out_dir: str, quick: bool = False, cluster: Any = None) -> d
 
     Local: call from one process; it starts the MPI jobs itself.
     """
+    from bench.allreduce import worker_job  # noqa: PLC0415
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
 
     launch = cluster.mpirun_command if cluster is not None else mpirun_command
@@ -105,14 +104,8 @@ def run(ranks: int, out_dir: str, quick: bool = False, cluster: Any = None) -> d
         env = mpirun_env()
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         env["HPCREP_FUSION_THRESHOLD"] = str(threshold)
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
-            path = tmp.name
-        command = ([sys.executable, "-m", "bench.allreduce_sweep", "--worker", path]
-                   + (["--quick"] if quick else []))
-        subprocess.run(launch(ranks, command), env=env, check=True)
-        with open(path) as f:
-            report["jobs"][str(threshold)] = json.load(f)
-        os.unlink(path)
+        report["jobs"][str(threshold)] = worker_job(launch, ranks, "bench.allreduce_sweep",
+                                                    ["--quick"] if quick else [], env)
     report["best"] = best(report)
     with open(os.path.join(out_dir, "allreduce_sweep.json"), "w") as f:
         json.dump(report, f, indent=2)
