@@ -221,14 +221,36 @@ def _query_on(comm: Any, call: _Call, mpi: Any) -> dict:
     answers = {me: status}
     deadline = time.monotonic() + min(_ANSWER_WINDOW, call.timeout / 4)
     while time.monotonic() < deadline and len(answers) < n and not _closing.is_set():
-        info = mpi.Status()
-        while comm.iprobe(source=mpi.ANY_SOURCE, tag=_STATUS_TAG, status=info):
-            sender = info.Get_source()
-            value = comm.recv(source=sender, tag=_STATUS_TAG)
-            if sender not in answers or value[0] >= answers[sender][0]:
-                answers[sender] = value
+        _take_answers(comm, answers, mpi)
         time.sleep(0.05)
     return answers
+
+
+def _take_answers(comm: Any, answers: dict, mpi: Any) -> None:
+    """Move every status message already arrived on ``comm`` into ``answers`` (newest wins)."""
+    info = mpi.Status()
+    while comm.iprobe(source=mpi.ANY_SOURCE, tag=_STATUS_TAG, status=info):
+        sender = info.Get_source()
+        value = comm.recv(source=sender, tag=_STATUS_TAG)
+        if sender not in answers or value[0] >= answers[sender][0]:
+            answers[sender] = value
+
+
+def _late_answers() -> None:
+    """Before the report: add answers that arrived after the query's window closed.
+
+    Each rank's watchdog checks once a second from the moment that rank entered the collective,
+    so a peer that entered later (a loaded machine) may send its status a second or more after
+    this rank's window closed; it has still arrived at the collective and must not be reported
+    as silent.
+    """
+    if not _state.answers:
+        return  # no query ran (no MPI_THREAD_MULTIPLE, or no warning): nothing to add to
+    from mpi4py import MPI  # noqa: PLC0415
+
+    with _comm_lock:
+        if _state.comm is not None:
+            _take_answers(_state.comm, _state.answers, MPI)
 
 
 def _report(call: _Call, waited: float) -> str:
@@ -264,6 +286,7 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def _abort(call: _Call, waited: float) -> None:
     """Print the report and end the job; never returns."""
+    _late_answers()
     _say(_report(call, waited))
     sys.stdout.flush()
 

@@ -128,3 +128,25 @@ def test_the_watcher_thread_is_started_once_as_a_daemon(monkeypatch):
     watchdog._ensure_thread()
     assert fresh.thread is thread and thread.is_alive() and thread.daemon
     assert thread.name == "hpcrep-stall-watchdog"
+
+
+def test_an_answer_that_arrives_after_the_query_window_is_in_the_report(state):
+    """A peer that entered the collective a second or more later sends its status after this
+    rank's query window closed (CI saw it on a loaded machine); the report must still count it as
+    waiting, not as silent. Uses a real one-rank MPI communicator as the status channel.
+    """
+    from mpi4py import MPI
+
+    state.comm = MPI.COMM_SELF.Dup()
+    try:
+        state.hosts = ("n1",)
+        state.answers = {}
+        watchdog._late_answers()  # no query ran: nothing is added
+        assert state.answers == {}
+        state.answers = {1: (3, "allreduce", ("g",))}  # heard in the window
+        state.comm.send((4, "allreduce", ("g",)), dest=0, tag=watchdog._STATUS_TAG)  # late
+        watchdog._late_answers()
+        assert state.answers == {1: (3, "allreduce", ("g",)), 0: (4, "allreduce", ("g",))}
+        assert not state.comm.iprobe(source=MPI.ANY_SOURCE, tag=watchdog._STATUS_TAG)
+    finally:
+        state.comm.Free()
