@@ -153,6 +153,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "with a report of the collective, its tensors and which ranks had not arrived (a "
             "warning is printed at half of it). A failed node or cut network link otherwise "
             "hangs the job until its time limit. 0 turns the watchdog off."),
+    Setting("HPCREP_FLIGHT_RECORDER", int, 256,
+            "Flight recorder: each rank keeps its last this many collectives (kind, tensor names, "
+            "dtypes and shapes, call number, communicator, the line of user code that issued it, "
+            "start and end times) and writes them to hpcrep-flight-<job>-rank<r>.json when the "
+            "stall watchdog fires, the mismatch check fails or the job aborts, with a summary "
+            "on stderr naming the first call where the ranks' histories differ. 0 turns it off."),
+    Setting("HPCREP_FLIGHT_DIR", str, "",
+            "Directory the flight recorder writes its files to; empty: each rank's working "
+            "directory."),
     Setting("HPCREP_LAUNCHER_GRACE", float, 10.0,
             "Seconds hpcrep's launchers (hpcrep run, python -m hpcrep.launch.mpirun, "
             "tests/cluster/mpirun.sh) give mpirun to end by itself after a rank announced that "

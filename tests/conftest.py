@@ -22,6 +22,16 @@ import pytest
 from hpcrep.launch.tf_log import set_tf_log_level
 
 set_tf_log_level(os.environ)  # HPCREP_TF_LOG: quiet unless asked, before TensorFlow loads
+# The flight recorder writes a file per rank when a job fails (hpcrep/comm/flight.py), in the
+# working directory by default; the suite fails jobs on purpose, so its files go to a directory
+# of this process's own (inherited by the jobs it starts). Tests that read them set their own.
+if "HPCREP_FLIGHT_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["HPCREP_FLIGHT_DIR"] = tempfile.mkdtemp(prefix="hpcrep-flight-")
+    atexit.register(shutil.rmtree, os.environ["HPCREP_FLIGHT_DIR"], ignore_errors=True)
 
 MISSING = "missing:"
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,6 +30,10 @@ def abort(errorcode: int = 1) -> None:
     """
     from mpi4py import MPI  # noqa: PLC0415 - MPI only when a job is aborted
 
+    from hpcrep.comm import flight  # noqa: PLC0415
+
     sys.stdout.flush()
-    print(abort_notice(MPI.COMM_WORLD.Get_rank(), errorcode), file=sys.stderr, flush=True)
+    rank = MPI.COMM_WORLD.Get_rank()
+    flight.on_abort(rank)  # this rank's last collectives, to a file and stderr
+    print(abort_notice(rank, errorcode), file=sys.stderr, flush=True)
     MPI.COMM_WORLD.Abort(errorcode)

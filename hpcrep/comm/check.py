@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hpcrep.comm import flight
 from hpcrep.errors import CollectiveMismatchError
 
 # One tensor as seen by the check: (name, dtype name, shape); a shape entry of -1 means "may
@@ -99,7 +100,9 @@ def agree(comm: Any, signature: Signature) -> None:
     comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
     if int(both[0]) == -int(both[1]):
         return
-    raise CollectiveMismatchError(mismatch_message(comm.allgather(signature)))
+    signatures = comm.allgather(signature)
+    flight.mismatch(comm)  # every rank writes its last collectives; the summary says where
+    raise CollectiveMismatchError(mismatch_message(signatures))
 
 
 def entries(arrays: Sequence[np.ndarray], names: Sequence[str], free_first_dim: bool = False

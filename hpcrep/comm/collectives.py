@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import adasum, check, fusion, timeline, uneven, watchdog
+from hpcrep.comm import adasum, check, flight, fusion, timeline, uneven, watchdog
 from hpcrep.comm.current import resolve
 from hpcrep.comm.dtypes import mpi_reduce_args
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
@@ -38,16 +38,28 @@ _lock = threading.RLock()
 
 
 @contextlib.contextmanager
-def collective(kind: str, names: Sequence[str] = ()) -> Iterator[None]:
+def collective(kind: str, names: Sequence[str] = (), arrays: Sequence[Any] = (),
+               communicator: Any = None) -> Iterator[None]:
     """Hold the collective lock, with the stall watchdog watching this call (see watchdog).
 
     Wrap any MPI call on hpcrep's communicators made outside this module (the compiled path's
     ``Dup``, for one) so that it never interleaves with another thread's collective. While the
-    timeline records, the call is one of its collectives (:mod:`hpcrep.comm.timeline`). Local
-    (it communicates nothing itself); the caller's MPI call inside it is what is collective.
+    timeline records, the call is one of its collectives (:mod:`hpcrep.comm.timeline`); the
+    flight recorder records it with ``arrays``' dtypes and shapes and the name of
+    ``communicator`` (:mod:`hpcrep.comm.flight`). Local (it communicates nothing itself); the
+    caller's MPI call inside it is what is collective.
     """
-    with _lock, watchdog.watching(kind, names), timeline.collective(kind, names):
+    with _lock, watchdog.watching(kind, names), timeline.collective(kind, names), \
+            flight.recording(kind, names, arrays, _group_name(communicator)):
         yield
+
+
+def _group_name(communicator: Any) -> str:
+    """The name of the communicator a collective runs on, for the flight recorder."""
+    try:
+        return resolve(communicator).name
+    except Exception:  # noqa: BLE001 - the collective itself reports a bad communicator
+        return repr(communicator)
 
 
 
@@ -214,7 +226,7 @@ def allreduce_into_buckets(arrays: Sequence[Any], buckets: Sequence[fusion.Bucke
     check_scale_factors(op, prescale_factor, postscale_factor)
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "allreduce")
-    with collective("allreduce", names):
+    with collective("allreduce", names, arrays, communicator):
         target = resolve(communicator)  # .comm; .local and .cross for hierarchical reductions
         comm = target.comm
         by_node = hierarchical(target)
@@ -290,7 +302,7 @@ def grouped_broadcast(arrays: Sequence[Any], root_rank: int = 0,
     """
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "broadcast")
-    with collective("broadcast", names):
+    with collective("broadcast", names, arrays, communicator):
         target = resolve(communicator)
         comm, root = target.comm, target.root(root_rank)
         _agree(comm, "broadcast", (int(root_rank),), arrays, names)
@@ -343,7 +355,7 @@ def grouped_allgatherv(arrays: Sequence[Any], name: Optional[str] = None,
                 f"allgather of {nm!r} needs an array with at least one dimension, got a scalar; "
                 "reshape it to [1] first.")
     names = _names(arrays, name, "allgather")
-    with collective("allgather", names):
+    with collective("allgather", names, arrays, communicator):
         comm = resolve(communicator).comm
         _agree(comm, "allgather", (), arrays, names, free_first_dim=True)  # also serves join()
         signature = ("allgather", (), check.entries(arrays, names, free_first_dim=True))
@@ -399,7 +411,7 @@ def alltoall(array: Any, splits: Optional[Sequence[int]] = None,
     """
     a = np.ascontiguousarray(np.asarray(array))
     nm = name or "alltoall.0"
-    with collective("alltoall", [nm]):
+    with collective("alltoall", [nm], [a], communicator):
         comm = resolve(communicator).comm
         n = comm.Get_size()
         send_rows, problem = _alltoall_rows(a, splits, n, nm)
@@ -461,7 +473,7 @@ def grouped_reducescatter(arrays: Sequence[Any], op: Any = ReduceOp.Average,
     check_scale_factors(op, prescale_factor, postscale_factor)
     arrays = _as_arrays(arrays)
     names = _names(arrays, name, "reducescatter")
-    with collective("reducescatter", names):
+    with collective("reducescatter", names, arrays, communicator):
         comm = resolve(communicator).comm
         _agree(comm, "reducescatter", (op.name, prescale_factor, postscale_factor), arrays,
                names)
@@ -515,7 +527,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, communicator: Any = None) -> 
 
     Collective: every rank must call this, in the same order.
     """
-    with collective("broadcast_object"):
+    with collective("broadcast_object", communicator=communicator):
         target = resolve(communicator)
         return target.comm.bcast(obj, root=target.root(root_rank))
 
@@ -525,7 +537,7 @@ def allgather_object(obj: Any, communicator: Any = None) -> list:
 
     Collective: every rank must call this, in the same order.
     """
-    with collective("allgather_object"):
+    with collective("allgather_object", communicator=communicator):
         return resolve(communicator).comm.allgather(obj)
 
 
@@ -534,7 +546,7 @@ def barrier(communicator: Any = None) -> None:
 
     Collective: every rank must call this.
     """
-    with collective("barrier"):
+    with collective("barrier", communicator=communicator):
         comm = resolve(communicator).comm
         with timeline.phase("mpi"):
             comm.Barrier()

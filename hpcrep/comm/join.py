@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import check, collectives, uneven, world
+from hpcrep.comm import check, collectives, flight, uneven, world
 from hpcrep.errors import CollectiveMismatchError, ConfigError
 
 
@@ -50,6 +50,7 @@ def join() -> int:
             return _last_to_join(comm)
         if int(control[0]) != -int(control[1]):
             signatures = [s for s in comm.allgather(None) if s is not None]
+            flight.mismatch(comm)  # as the active ranks do (hpcrep.comm.uneven.agree)
             raise CollectiveMismatchError(check.mismatch_message(signatures))
         _replay(comm.bcast(None, root=-int(control[4])))
 

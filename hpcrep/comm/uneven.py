@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from hpcrep.comm import check
+from hpcrep.comm import check, flight
 from hpcrep.errors import CollectiveMismatchError, JoinError
 
 # The control vector every agreement reduces with MAX: [h, -h, someone waits, highest active
@@ -113,6 +113,7 @@ def agree(comm: Any, signature: check.Signature) -> None:
     _active_rounds[0] += 1
     if int(control[0]) != -int(control[1]):
         signatures = [s for s in comm.allgather(signature) if s is not None]
+        flight.mismatch(comm)  # every rank writes its last collectives; the summary says where
         raise CollectiveMismatchError(check.mismatch_message(signatures))
     if control[2]:
         comm.bcast(signature if me == -int(control[4]) else None, root=-int(control[4]))

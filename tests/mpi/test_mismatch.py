@@ -1,6 +1,8 @@
 """Mismatched collectives raise a precise error on every rank, quickly, and never hang."""
 
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,3 +85,37 @@ def test_different_collectives(multi):
         return hc.allreduce(x) if r == 0 else hc.broadcast(x, 0)
 
     _raises(call, "different collectives", "allreduce", "broadcast")
+
+
+def test_a_skipped_collective_leaves_every_rank_a_flight_record_naming_where(multi, shared_dir,
+                                                                            monkeypatch, capfd):
+    """One rank skips a collective: the mismatch check fails at its next call, every rank writes
+    its last collectives to a file, and the lowest rank's summary names the call at which the
+    histories first differ and what each rank did there (hpcrep/comm/flight.py)."""
+    r, n = multi
+    monkeypatch.setenv("HPCREP_FLIGHT_DIR", shared_dir)
+    monkeypatch.setenv("SLURM_JOB_ID", "skip")  # one file name on every rank
+    hc.barrier()
+    hc.allreduce(np.ones(4, np.float32), name="before")
+
+    def rank_1_skips_one():
+        if r != 1:
+            hc.allreduce(np.ones(4, np.float32), name="skipped_by_rank_1")
+        hc.broadcast(np.ones(2, np.float32), name="after")
+
+    _raises(rank_1_skips_one, "ranks called different collectives")
+    hc.barrier()
+    for k in range(n):
+        record = json.loads(Path(f"{shared_dir}/hpcrep-flight-skip-rank{k}.json").read_text())
+        assert record["rank"] == k and record["reason"] == "collective mismatch"
+        last = record["entries"][-1]
+        assert (last["kind"], last["end"]) == (("broadcast", None) if k == 1
+                                               else ("allreduce", None)), last
+        assert last["frame"].startswith(__file__), last["frame"]
+    err = capfd.readouterr().err
+    if r == 0:
+        line = [x for x in err.splitlines() if "flight recorder (collective mismatch)" in x]
+        assert line, err
+        assert ("rank 1: broadcast of 'after'" in line[0]
+                and "allreduce of 'skipped_by_rank_1'" in line[0]), line[0]
+        assert "hpcrep-flight-skip-rank<r>.json" in line[0]
