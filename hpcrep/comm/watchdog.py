@@ -23,6 +23,7 @@ watchdog off. The cost per collective is two clock reads and two attribute write
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -32,6 +33,7 @@ import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from hpcrep import config
+from hpcrep.comm import flight
 from hpcrep.comm.abort import abort as abort_job
 
 EXIT_CODE = 75          # MPI_Abort's error code when a stall ends the job (EX_TEMPFAIL)
@@ -63,12 +65,14 @@ class _State:
     thread: Optional[threading.Thread] = None
     probes: list = dataclasses.field(default_factory=list)  # see add_probe
     probed: Optional[_Call] = None    # the latest wait a probe reported
+    exit_hook: bool = False           # _stop_queries_at_exit is registered
 
 
 _state = _State()
 _guard = threading.Lock()
 _comm_lock = threading.Lock()  # held while a status query uses _state.comm; detach waits for it
 _closing = threading.Event()   # set by detach: a running query stops at once
+_exiting = threading.Event()   # set at interpreter exit: no query runs any more
 
 
 def attach(comm: Any) -> None:
@@ -80,6 +84,20 @@ def attach(comm: Any) -> None:
 
     _state.comm = comm.Dup()
     _state.hosts = tuple(comm.allgather(MPI.Get_processor_name()))
+    if not _state.exit_hook:
+        # Registered after mpi4py's own exit-time MPI_Finalize, so it runs before it.
+        atexit.register(_stop_queries_at_exit)
+        _state.exit_hook = True
+
+
+def _stop_queries_at_exit() -> None:
+    """Stop a status query in progress and start no other, before MPI is finalized at exit: a
+    query still probing then would make MPI abort the process (seen when a warning's query
+    window was still open as a program ended)."""
+    _exiting.set()
+    _closing.set()
+    with _comm_lock:
+        pass
 
 
 def detach() -> None:
@@ -175,6 +193,7 @@ def _watch() -> None:
             call.warned = True
             _say(f"warning: {_what(call)} has waited {waited:.0f} s for the other ranks; the job "
                  f"aborts at {call.timeout:.0f} s (HPCREP_STALL_TIMEOUT).")
+            flight.dump(_rank(), "stall warning", _in_flight(call, waited))
             _state.answers = _query(call)
 
 
@@ -206,6 +225,8 @@ def _query(call: _Call) -> dict:
     from mpi4py import MPI  # noqa: PLC0415
 
     with _comm_lock:
+        if _exiting.is_set():
+            return {}
         return _query_on(_state.comm, call, MPI)
 
 
@@ -214,7 +235,7 @@ def _query_on(comm: Any, call: _Call, mpi: Any) -> dict:
     if comm is None or mpi.Query_thread() != mpi.THREAD_MULTIPLE:
         return {}  # talking while the main thread is inside MPI needs MPI_THREAD_MULTIPLE
     me, n = comm.Get_rank(), comm.Get_size()
-    status = (call.seq, call.kind, call.names[:1])
+    status = (call.seq, call.kind, call.names[:1], flight.history())
     for r in range(n):
         if r != me:
             comm.isend(status, dest=r, tag=_STATUS_TAG)
@@ -249,7 +270,7 @@ def _late_answers() -> None:
     from mpi4py import MPI  # noqa: PLC0415
 
     with _comm_lock:
-        if _state.comm is not None:
+        if _state.comm is not None and not _exiting.is_set():
             _take_answers(_state.comm, _state.answers, MPI)
 
 
@@ -260,7 +281,7 @@ def _report(call: _Call, waited: float) -> str:
              f"(HPCREP_STALL_TIMEOUT={call.timeout:g}). Aborting the whole job."]
     if answers:
         by_call: dict[tuple, list[int]] = {}
-        for r, (seq, kind, _) in sorted(answers.items()):
+        for r, (seq, kind, *_) in sorted(answers.items()):
             by_call.setdefault((seq, kind), []).append(r)
         for (seq, kind), ranks in by_call.items():
             lines.append(f"  waiting in call #{seq} ({kind}): {_ranks(ranks)}")
@@ -272,6 +293,26 @@ def _report(call: _Call, waited: float) -> str:
     lines.append("  If a step legitimately takes this long, raise HPCREP_STALL_TIMEOUT "
                  "(0 turns the watchdog off).")
     return "\n".join(lines)
+
+
+def _in_flight(call: _Call, waited: float) -> dict:
+    """What this rank waits in, for the flight recorder's file."""
+    return {"watchdog_call": call.seq, "kind": call.kind, "names": list(call.names[:8]),
+            "waited_s": round(waited, 3)}
+
+
+def _flight_summary(call: _Call, waited: float) -> str:
+    """The flight recorder's lines of the report (writes this rank's file); '' when it is off."""
+    path = flight.dump(_rank(), "stall abort", _in_flight(call, waited))
+    if path is None:
+        return ""
+    histories = {r: value[3] for r, value in _state.answers.items() if len(value) > 3}
+    histories[_rank()] = flight.history()
+    lines = [f"  flight recorder: {flight.divergence_text(histories, _state.hosts)}; "
+             "last collectives here:", *flight.last_lines(),
+             f"  each waiting rank's last {flight.capacity()} collectives: "
+             f"{path.replace(f'rank{_rank()}.json', 'rank<r>.json')}"]
+    return "\n" + "\n".join(lines)
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -287,7 +328,7 @@ def _ranks(ranks: Sequence[int]) -> str:
 def _abort(call: _Call, waited: float) -> None:
     """Print the report and end the job; never returns."""
     _late_answers()
-    _say(_report(call, waited))
+    _say(_report(call, waited) + _flight_summary(call, waited))
     sys.stdout.flush()
 
     def mpi_abort() -> None:

@@ -7,6 +7,7 @@ The cross-node case (a cut link) is tests/cluster/test_launcher_ends.py; this on
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -51,7 +52,9 @@ def test_a_rank_that_never_arrives_ends_the_whole_job(mpirun, scratch):
     command = [mpirun.python, str(HERE / "stall_job.py"), str(prefix), str(MISSING)]
     proc = subprocess.Popen(mpirun_command(RANKS, command), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=mpirun.env({"HPCREP_STALL_TIMEOUT": str(STALL_TIMEOUT)}))
+                            env=mpirun.env({"HPCREP_STALL_TIMEOUT": str(STALL_TIMEOUT),
+                                            "HPCREP_FLIGHT_DIR": str(scratch),
+                                            "SLURM_JOB_ID": "stall"}))
     try:
         deadline = time.monotonic() + 180  # start-up (imports on a loaded machine)
         while not (pids := _pids(prefix)) and proc.poll() is None:
@@ -90,3 +93,14 @@ def test_a_rank_that_never_arrives_ends_the_whole_job(mpirun, scratch):
         out[-3000:]
     print(f"\nwatchdog abort: mpirun exited {proc.returncode} {ended:.1f} s after the ranks "
           f"started (HPCREP_STALL_TIMEOUT={STALL_TIMEOUT}). The report:\n{report.group(0)}")
+    # The flight recorder: the aborting rank's summary and its file (hpcrep/comm/flight.py).
+    reporter = re.search(r"hpcrep: rank (\d+) on \S+: collective allreduce of 'stuck\.grad'", out)
+    assert reporter, out[-3000:]
+    job = re.escape(str(HERE / "stall_job.py"))
+    assert re.search(r"flight recorder: the histories of ranks [\d, ]+ agree \(last call #2\); "
+                     r"last collectives here:\n    #1 barrier of no tensors \(the job\) from "
+                     rf"{job}:\d+ in main: took", out), out[-3000:]
+    record = json.loads((scratch / f"hpcrep-flight-stall-rank{reporter.group(1)}.json").read_text())
+    assert record["reason"] == "stall abort" and record["in_flight"]["names"] == ["stuck.grad"]
+    assert [(e["kind"], e["end"] is None) for e in record["entries"]] == [("barrier", False),
+                                                                         ("allreduce", True)]
