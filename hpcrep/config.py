@@ -162,6 +162,17 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_FLIGHT_DIR", str, "",
             "Directory the flight recorder writes its files to; empty: each rank's working "
             "directory."),
+    Setting("HPCREP_STRAGGLER_WINDOW", int, 100,
+            "Straggler warning: over this many of the last collectives on the whole job (Python "
+            "path), a rank that arrived last at HPCREP_STRAGGLER_SHARE of them, by a median of "
+            "HPCREP_STRAGGLER_MIN_LATE seconds or more, is named once on stderr by rank 0. 0 "
+            "turns the check off."),
+    Setting("HPCREP_STRAGGLER_SHARE", float, 0.8,
+            "Straggler warning: the share of the window's collectives a rank must arrive last "
+            "at (by chance each of n ranks does 1/n)."),
+    Setting("HPCREP_STRAGGLER_MIN_LATE", float, 0.02,
+            "Straggler warning: the median lateness in seconds, over the collectives it arrived "
+            "last at, below which a rank is not named."),
     Setting("HPCREP_LAUNCHER_GRACE", float, 10.0,
             "Seconds hpcrep's launchers (hpcrep run, python -m hpcrep.launch.mpirun, "
             "tests/cluster/mpirun.sh) give mpirun to end by itself after a rank announced that "

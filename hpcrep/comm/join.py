@@ -43,7 +43,7 @@ def join() -> int:
     uneven.begin_join_mode()
     while True:
         none = uneven.NONE
-        control = np.array([none, none, 1, none, none], dtype=np.int64)
+        control = np.array([none, none, 1, none, none, none, none], dtype=np.int64)
         comm.Allreduce(MPI.IN_PLACE, control, op=MPI.MAX)
         if int(control[3]) == none:  # nobody active: every rank has joined
             uneven.end_join_mode()

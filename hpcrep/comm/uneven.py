@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from hpcrep.comm import check, flight
+from hpcrep.comm import check, flight, stragglers, watchdog
 from hpcrep.errors import CollectiveMismatchError, JoinError
 
 # The control vector every agreement reduces with MAX: [h, -h, someone waits, highest active
-# rank, -lowest active rank]. A waiting rank sends NONE (neutral for MAX) where it has nothing.
+# rank, -lowest active rank, and the two entries of hpcrep.comm.stragglers: who waited least in
+# the previous agreement, the longest wait]. A waiting rank sends NONE (neutral for MAX) where it
+# has nothing.
 NONE = np.iinfo(np.int64).min
 _SUPPORTED = {"allreduce": ("Sum", "Average"), "allgather": None}
 
@@ -108,8 +111,11 @@ def agree(comm: Any, signature: check.Signature) -> None:
 
     h = check.signature_hash(signature)
     me = comm.Get_rank()
-    control = np.array([h, -h, 0, me, -me], dtype=np.int64)
+    control = np.array([h, -h, 0, me, -me, *stragglers.entries(comm)], dtype=np.int64)
+    started = time.perf_counter()
     comm.Allreduce(MPI.IN_PLACE, control, op=MPI.MAX)
+    stragglers.after(comm, int(control[5]), int(control[6]), time.perf_counter() - started,
+                     len(watchdog.hosts()), watchdog.hosts())
     _active_rounds[0] += 1
     if int(control[0]) != -int(control[1]):
         signatures = [s for s in comm.allgather(signature) if s is not None]

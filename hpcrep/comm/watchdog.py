@@ -100,6 +100,11 @@ def _stop_queries_at_exit() -> None:
         pass
 
 
+def hosts() -> tuple[str, ...]:
+    """The host name of each rank of the job (empty before :func:`attach`). Local."""
+    return _state.hosts
+
+
 def detach() -> None:
     """Free the status communicator (at :func:`hpcrep.comm.shutdown`). Collective, like attach."""
     _closing.set()
