@@ -8,6 +8,9 @@ the rank that waited least together with its wait, and the longest wait. Every r
 for each agreement, which rank came last and by how much (the longest wait less the shortest),
 at the cost of two more int64s in a message that is sent anyway.
 
+The compiled allreduce path's negotiation (hpcrep/tensorflow/native/negotiate.cc) carries the
+same two entries; :func:`add_source` polls what it saw once a second.
+
 Over the last ``HPCREP_STRAGGLER_WINDOW`` agreements on a communicator that spans the job, a rank
 that came last in at least ``HPCREP_STRAGGLER_SHARE`` of them, by a median of at least
 ``HPCREP_STRAGGLER_MIN_LATE`` seconds, is named on stderr by rank 0, once per rank. By chance
@@ -21,7 +24,9 @@ from __future__ import annotations
 import collections
 import statistics
 import sys
-from typing import Any, Optional, Sequence
+import threading
+import time
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from hpcrep import config
 
@@ -77,11 +82,11 @@ class Tracker:
                 "this check off).")
 
 
-_trackers: dict[int, Tracker] = {}
+_trackers: dict[Any, Tracker] = {}
 _last_wait: dict[int, float] = {}
 
 
-def tracker(key: int) -> Tracker:
+def tracker(key: Any) -> Tracker:
     """The tracker of one communicator (made with the current settings on first use). Local."""
     if key not in _trackers:
         _trackers[key] = Tracker(int(config.get("HPCREP_STRAGGLER_WINDOW")),
@@ -102,14 +107,54 @@ def after(comm: Any, least: int, longest: int, waited: float, world_size: int,
     communicator of ``world_size`` ranks, feed the previous agreement's last rank to its
     tracker; rank 0 prints a warning the tracker returns. Local (uses the reduced entries)."""
     _last_wait[id(comm)] = waited
-    if comm.Get_size() != world_size or world_size < 2:
-        return
     found = decode(least, longest)
-    if found is None:
+    if found is not None:
+        report(id(comm), comm.Get_size(), comm.Get_rank(), [found], world_size, hosts)
+
+
+def report(key: Any, size: int, rank: int, seen: Sequence[tuple[int, float]],
+           world_size: int, hosts: Sequence[str] = ()) -> None:
+    """Feed ``seen`` ((last rank, seconds late) per agreement, oldest first) of a communicator
+    of ``size`` ranks, in which this rank is ``rank``, to the tracker of ``key``; rank 0
+    prints a warning. Only communicators that span the job count. Local."""
+    if size != world_size or world_size < 2:
         return
-    warning = tracker(id(comm)).observe(*found, hosts)
-    if warning and comm.Get_rank() == 0:
-        print(warning, file=sys.stderr, flush=True)
+    track = tracker(key)
+    for last, late in seen:
+        warning = track.observe(last, late, hosts)
+        if warning and rank == 0:
+            print(warning, file=sys.stderr, flush=True)
+
+
+_sources: list[Callable[[], Iterable[tuple[Any, int, int, Sequence[tuple[int, float]]]]]] = []
+_poller: list[threading.Thread] = []
+
+
+def add_source(source: Callable[[], Iterable[tuple[Any, int, int,
+                                                     Sequence[tuple[int, float]]]]]) -> None:
+    """Poll ``source()`` once a second from a daemon thread: it returns ``(key, size, rank,
+    seen)`` per communicator, as :func:`report` takes them (the compiled path's negotiations,
+    which carry the same two entries). Local."""
+    _sources.append(source)
+    if not _poller:
+        thread = threading.Thread(target=_poll, name="hpcrep-stragglers", daemon=True)
+        _poller.append(thread)
+        thread.start()
+
+
+def _poll() -> None:
+    from hpcrep.comm import watchdog  # noqa: PLC0415
+
+    while True:
+        time.sleep(1.0)
+        hosts = watchdog.hosts()
+        for source in list(_sources):
+            try:
+                for key, size, rank, seen in source():
+                    report(key, size, rank, seen, len(hosts), hosts)
+            except Exception as e:  # noqa: BLE001 - a diagnostic must never end the job
+                print(f"hpcrep: straggler check stopped: {e}", file=sys.stderr, flush=True)
+                _sources.remove(source)
 
 
 def forget(comm: Any) -> None:

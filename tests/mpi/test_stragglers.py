@@ -53,3 +53,33 @@ def test_ranks_in_step_are_not_named(fresh, capfd):
     for i in range(CALLS):
         hc.allreduce(np.full(4, float(i)), hc.Sum, name="step")
     assert _named(capfd.readouterr().err) == []
+
+
+def test_the_compiled_path_names_a_late_rank_too(fresh, capfd, skip_missing):
+    """Allreduces in a tf.function on the compiled path: its negotiation carries the same two
+    entries, and a daemon thread feeds what it saw to the tracker once a second."""
+    import tensorflow as tf
+
+    import hpcrep.tensorflow as hvd
+    from hpcrep.tensorflow import native
+
+    hvd.init()
+    if not native.active():
+        skip_missing(f"the compiled allreduce op: {native.status()[1]}")
+    r, n = fresh
+    slow = n - 1
+    step = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum, name="native.step"))
+    before = native.stats(hc.communicator())[1]
+    capfd.readouterr()
+    for i in range(CALLS):
+        if r == slow:
+            time.sleep(LATE)
+        assert step(tf.fill([4], float(i))).numpy()[0] == i * n
+    assert native.stats(hc.communicator())[1] - before >= CALLS  # the compiled path reduced
+    time.sleep(2.5)  # the poller takes the engine's observations once a second
+    named = _named(capfd.readouterr().err)
+    hc.barrier()
+    if r != 0:
+        assert named == []
+        return
+    assert len(named) == 1 and f"rank {slow} on " in named[0], named

@@ -49,6 +49,7 @@ class Engine:
     communicator: Any
     engine_id: int
     dup: Any
+    rank: int = 0  # this process's rank in dup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +148,7 @@ def engine(communicator: Any) -> int:
     found = _find(communicator)
     if found is not None:
         return found.engine_id
-    from hpcrep.comm import collectives, uneven, watchdog, world  # noqa: PLC0415
+    from hpcrep.comm import collectives, stragglers, uneven, watchdog, world  # noqa: PLC0415
 
     with collectives.collective("native.register"):
         dup = communicator.comm.Dup()
@@ -157,13 +158,14 @@ def engine(communicator: Any) -> int:
                               spin_micros=int(config.get("HPCREP_NATIVE_SPIN_US")),
                               polled=collectives.nonblocking(communicator),
                               match_timeout=float(config.get("HPCREP_MATCH_TIMEOUT")))
-    started = Engine(communicator, _library().register(dup.handle, settings), dup)
+    started = Engine(communicator, _library().register(dup.handle, settings), dup, dup.Get_rank())
     with _lock:
         if not _engines:
             world.at_shutdown(shutdown)
         if not _hooked:
             _hooked.append(True)
             watchdog.add_probe(_busy)
+            stragglers.add_source(_stragglers_seen)
             uneven.on_join(lambda: begin_join(world.communicator()),
                            lambda: end_join(world.communicator()),
                            lambda: active_cycles(world.communicator()))
@@ -249,6 +251,18 @@ def _busy() -> Optional[tuple[str, tuple[str, ...], float]]:
         return None
     since, what = wait
     return "allreduce (compiled path)", (what,), since
+
+
+def _stragglers_seen() -> list[tuple[Any, int, int, list[tuple[int, float]]]]:
+    """Who came last to each negotiation of every thread since the last call, per engine."""
+    with _lock:
+        engines = list(_engines.values())
+    seen = []
+    for entry in engines:
+        size, observed = _library().stragglers(entry.engine_id)
+        if observed:
+            seen.append((("native", entry.engine_id), size, entry.rank, observed))
+    return seen
 
 
 def stats(communicator: Any) -> tuple[int, int]:

@@ -70,6 +70,15 @@ double hpcrep_native_busy(char* what, int64_t size) {
 }
 
 // The event ring (timeline.h): start or stop recording (the ring is made on the first call).
+int64_t hpcrep_native_stragglers(int64_t id, int64_t* ranks, int64_t* late_us, int64_t max,
+                                 int64_t* size) {
+  *size = 0;
+  hpcrep::Engine* e = hpcrep::FindEngine(id);
+  if (e == nullptr) return 0;
+  *size = e->size();
+  return e->TakeStragglers(ranks, late_us, max);
+}
+
 void hpcrep_native_timeline_enable(int on, int mark_cycles) {
   hpcrep::TimelineEnable(on != 0, mark_cycles != 0);
 }

@@ -125,6 +125,11 @@ class Engine {
   // it is not), and what it waits for.
   double Busy(std::string* what);
 
+  // Who came last to each negotiation, and how late (hpcrep/comm/stragglers.py's encoding, two
+  // more entries in the negotiation's MAX): moves up to max of them, oldest first, into ranks
+  // and late_us and returns how many; the ring keeps the last kStragglerKept.
+  int64_t TakeStragglers(int64_t* ranks, int64_t* late_us, int64_t max);
+
  private:
   // engine.cc: the thread and its queue.
   void Loop();
@@ -176,7 +181,12 @@ class Engine {
   std::mutex busy_mu_;
   double busy_since_ = 0;
   std::string busy_what_;
+  int64_t last_wait_ns_ = -1;  // this rank's wait in its last negotiation with requests
+  std::mutex straggler_mu_;
+  std::deque<std::pair<int64_t, int64_t>> stragglers_;  // (last rank, late us) per negotiation
 };
+
+constexpr size_t kStragglerKept = 4096;
 
 }  // namespace hpcrep
 

@@ -61,6 +61,8 @@ class Library:
         lib.hpcrep_native_stats.argtypes = [i64, p64, p64]
         lib.hpcrep_native_busy.argtypes = [ctypes.c_char_p, i64]
         lib.hpcrep_native_busy.restype = ctypes.c_double
+        lib.hpcrep_native_stragglers.argtypes = [i64, p64, p64, i64, p64]
+        lib.hpcrep_native_stragglers.restype = i64
         lib.hpcrep_native_timeline_enable.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.hpcrep_native_timeline_read.argtypes = [i64, ctypes.c_void_p, i64, p64, p64]
         lib.hpcrep_native_timeline_read.restype = i64
@@ -105,6 +107,14 @@ class Library:
         text = ctypes.create_string_buffer(512)
         since = self._lib.hpcrep_native_busy(text, 512)
         return None if since <= 0 else (since, text.value.decode(errors="replace"))
+
+    def stragglers(self, engine_id: int, limit: int = 4096) -> tuple[int, list[tuple[int, float]]]:
+        """Return the engine's communicator size and, oldest first, the (last rank, seconds
+        late) of each negotiation since the last call (engine.h: TakeStragglers)."""
+        ranks, late = (ctypes.c_int64 * limit)(), (ctypes.c_int64 * limit)()
+        size = ctypes.c_int64()
+        n = self._lib.hpcrep_native_stragglers(engine_id, ranks, late, limit, ctypes.byref(size))
+        return size.value, [(int(ranks[i]), late[i] * 1e-6) for i in range(n)]
 
     def timeline_enable(self, on: bool, mark_cycles: bool) -> None:
         """Start or stop stamping allreduces into the event ring (timeline.h)."""

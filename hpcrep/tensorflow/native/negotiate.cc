@@ -3,8 +3,10 @@
 // nonblocking and polled (Engine::Await), so a thread waiting for other ranks leaves its core to
 // the computation it overlaps with, in join mode too.
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "engine.h"
 #include "tensorflow/core/platform/errors.h"
@@ -18,8 +20,9 @@ constexpr int64_t kNone = std::numeric_limits<int64_t>::min();  // neutral for M
 // [max(-count), max(joined), max(-joined), max(H_1), max(-H_1), ... max(H_k), max(-H_k)], where
 // H_i is the cumulative hash of the signatures and names of the first i requests. A MAX of x and of -x
 // gives the largest and (negated) smallest value over ranks, so equal pairs mean agreement.
+// Two more entries say who came last to the previous negotiation and how late (Stragglers).
 std::vector<int64_t> Control(const Offer& offer) {
-  std::vector<int64_t> control(3 + 2 * kMaxBatch, kNone);
+  std::vector<int64_t> control(3 + 2 * kMaxBatch + 2, kNone);
   int64_t n = static_cast<int64_t>(offer.pending.size());
   control[0] = offer.joined ? -std::numeric_limits<int64_t>::max() : -n;
   control[1] = offer.joined ? 1 : 0;
@@ -35,18 +38,44 @@ std::vector<int64_t> Control(const Offer& offer) {
   return control;
 }
 
+// The encoding of hpcrep/comm/stragglers.py (encode/decode): the MAX of the first entry is the
+// rank that waited least in the previous negotiation (it came last) with its wait, the MAX of
+// the second the longest wait (how long the first waited for it), in microseconds.
+constexpr int kWaitBits = 40, kRankBits = 20;
+constexpr int64_t kWaitMax = (int64_t{1} << kWaitBits) - 1;
+
+void PutWait(int64_t wait_ns, int rank, int64_t* least, int64_t* longest) {
+  int64_t us = std::min(kWaitMax, std::max<int64_t>(0, wait_ns / 1000));
+  *least = ((kWaitMax - us) << kRankBits) | rank;
+  *longest = us;
+}
+
 }  // namespace
 
 Agreement Engine::Negotiate(const Offer& offer) {
   std::vector<int64_t> control = Control(offer);
+  const size_t straggler = control.size() - 2;
+  if (!offer.joined && last_wait_ns_ >= 0) {
+    PutWait(last_wait_ns_, rank_, &control[straggler], &control[straggler + 1]);
+  }
   Agreement agreement;
   MPI_Request request;
-  agreement.negotiate_start = StampIfOn();
+  const int64_t started = NowNs();
+  agreement.negotiate_start = TimelineOn() ? started : 0;
   agreement.rc = MPI_Iallreduce(MPI_IN_PLACE, control.data(), static_cast<int>(control.size()),
                                 MPI_INT64_T, MPI_MAX, comm_, &request);
   if (agreement.rc == MPI_SUCCESS) agreement.rc = Await(&request);
-  agreement.negotiate_end = agreement.negotiate_start ? NowNs() : 0;
+  const int64_t ended = NowNs();
+  agreement.negotiate_end = agreement.negotiate_start ? ended : 0;
   if (agreement.rc != MPI_SUCCESS) return agreement;
+  if (!offer.joined) last_wait_ns_ = ended - started;
+  if (control[straggler] != kNone && control[straggler + 1] != kNone) {
+    int64_t last = control[straggler] & ((int64_t{1} << kRankBits) - 1);
+    int64_t shortest = kWaitMax - (control[straggler] >> kRankBits);
+    std::lock_guard<std::mutex> lock(straggler_mu_);
+    if (stragglers_.size() >= kStragglerKept) stragglers_.pop_front();
+    stragglers_.emplace_back(last, std::max<int64_t>(0, control[straggler + 1] - shortest));
+  }
   agreement.all_joined = control[2] == -1;
   agreement.some_joined = control[1] == 1;
   if (agreement.all_joined) return agreement;
@@ -157,6 +186,17 @@ tensorflow::Status Engine::MismatchStatus(const Batch& batch, int64_t count,
   message += "Every rank must call the same collectives in the same order, with tensors of the "
              "same dtype and shape.";
   return EngineError(ErrorKind::kMismatch, message);
+}
+
+int64_t Engine::TakeStragglers(int64_t* ranks, int64_t* late_us, int64_t max) {
+  std::lock_guard<std::mutex> lock(straggler_mu_);
+  int64_t n = 0;
+  for (; n < max && !stragglers_.empty(); ++n) {
+    ranks[n] = stragglers_.front().first;
+    late_us[n] = stragglers_.front().second;
+    stragglers_.pop_front();
+  }
+  return n;
 }
 
 }  // namespace hpcrep
