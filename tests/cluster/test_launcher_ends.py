@@ -13,6 +13,7 @@ now, see below).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -40,6 +41,7 @@ def _progress(prefix: Path, rank: int) -> tuple[int, int]:
 def _start(cluster, launcher: str, prefix: Path) -> subprocess.Popen:
     job = [sys.executable, JOB, str(prefix)]
     settings = {"HPCREP_STALL_TIMEOUT": str(STALL_TIMEOUT),
+                "HPCREP_FLIGHT_DIR": str(prefix.parent),  # the nodes share this machine's /tmp
                 "OMPI_MCA_oob_tcp_keepalive_time": "300"}  # the watchdog alone ends the ranks
     if launcher == "mpirun.sh":
         return cluster.popen(["-n", "4", "--map-by", "ppr:2:node"], job, **settings)
@@ -102,6 +104,16 @@ def test_launcher_exits_within_50_s_of_a_cut_link(cluster, tmp_path, launcher):
     assert ended >= STALL_TIMEOUT / 2, f"ended {ended:.1f} s after the cut, before the watchdog"
     assert report, f"no watchdog report from node1 in the launcher's output:\n{out[-4000:]}"
     assert "no answer from ranks 2, 3 on node2" in report.group(0), report.group(0)
+    # The flight recorder (hpcrep/comm/flight.py): node1's waiting ranks agree on their history,
+    # and the file of the rank that reported holds the request it waited in (compiled path).
+    summary = re.search(r"flight recorder: the histories of ranks [01, ]+ agree .*", out)
+    assert summary, out[-4000:]
+    print(f"{launcher}: {summary.group(0)}")
+    reporter = re.search(r"hpcrep: rank ([01]) on node1: collective .*? has not completed", out)
+    record = json.loads(next(tmp_path.glob(f"hpcrep-flight-*-rank{reporter.group(1)}.json"))
+                        .read_text())
+    assert record["reason"] == "stall abort", record
+    assert record["in_flight"]["waited_s"] >= STALL_TIMEOUT, record["in_flight"]
     gone = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < gone:
         time.sleep(0.1)

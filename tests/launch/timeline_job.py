@@ -1,12 +1,14 @@
 """A tiny Keras model trained for a few steps with the explicit API, for the timeline tests.
 
-``python timeline_job.py STEPS [--callback] [--tape]``: ``fit`` for STEPS batches (steps marked
-by DistributedOptimizer.apply, or by hvd's TimelineCallback with ``--callback``), or with
-``--tape`` a custom loop over ``DistributedGradientTape`` in a ``tf.function``. The timeline is
+``python timeline_job.py STEPS [--callback] [--tape [--slow-rank R]]``: ``fit`` for STEPS batches
+(steps marked by DistributedOptimizer.apply, or by hvd's TimelineCallback with ``--callback``),
+or with ``--tape`` a custom loop over ``DistributedGradientTape`` in a ``tf.function``, in which
+rank R sleeps 50 ms before each step with ``--slow-rank R`` (a straggler). The timeline is
 whatever HPCREP_TIMELINE / HPCREP_TIMELINE_STEPS say (hvd.init starts it, shutdown writes it).
 """
 
 import sys
+import time
 
 import keras
 import numpy as np
@@ -35,7 +37,10 @@ if "--tape" in sys.argv:
         opt.apply(grads, model.trainable_variables)
         return loss
 
+    slow = int(sys.argv[sys.argv.index("--slow-rank") + 1]) if "--slow-rank" in sys.argv else -1
     for i in range(steps):
+        if hvd.rank() == slow:
+            time.sleep(0.05)
         step(x[8 * i:8 * i + 8], y[8 * i:8 * i + 8])
 else:
     model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), "mse")
