@@ -121,10 +121,10 @@ def allreduces(monkeypatch):
     real = comm_collectives.collective
 
     @contextlib.contextmanager
-    def recording(kind, names=()):
+    def recording(kind, names=(), *args, **kwargs):
         if kind == "allreduce":
             seen.append(tuple(names))
-        with real(kind, names):
+        with real(kind, names, *args, **kwargs):
             yield
 
     monkeypatch.setattr(comm_collectives, "collective", recording)
