@@ -15,7 +15,7 @@ Over the last ``HPCREP_STRAGGLER_WINDOW`` agreements on a communicator that span
 that came last in at least ``HPCREP_STRAGGLER_SHARE`` of them, by a median of at least
 ``HPCREP_STRAGGLER_MIN_LATE`` seconds, is named on stderr by rank 0, once per rank. By chance
 each of n ranks comes last 1/n of the time, and with a lateness of scheduling noise; the defaults
-(100 agreements, 0.8, 20 ms) stay quiet on a healthy node and name a rank that is consistently
+(100 agreements, 0.9, 20 ms) stay quiet on a healthy node and name a rank that is consistently
 tens of milliseconds behind (a slow node, a slower link, extra work on that rank).
 """
 
