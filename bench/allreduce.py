@@ -241,6 +241,16 @@ def worker(quick: bool, resnet_only: bool = False) -> dict:
     return results if comm.Get_rank() == 0 else {}
 
 
+def report_header(benchmark: str, cluster: Any = None) -> dict[str, Any]:
+    """The fields every allreduce report opens with: its name, the date, this machine, and the
+    test cluster's description when the jobs ran across it. Local."""
+    return {"benchmark": benchmark,
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "machine": {"host": platform.node(), "cpus": os.cpu_count(),
+                        "python": platform.python_version()},
+            "cluster": cluster.describe() if cluster is not None else None}
+
+
 def run(ranks: Sequence[int], out_dir: str, quick: bool = False, cluster: Any = None,
         resnet_only: bool = False) -> dict:
     """Benchmark at each rank count (one MPI job each); write allreduce.json/.md into ``out_dir``.
@@ -253,15 +263,8 @@ def run(ranks: Sequence[int], out_dir: str, quick: bool = False, cluster: Any = 
     launch = cluster.mpirun_command if cluster is not None else mpirun_command
 
     os.makedirs(out_dir, exist_ok=True)
-    report: dict[str, Any] = {
-        "benchmark": "allreduce",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
-        "memcpy_gbps": memcpy_gbps(),
-        "cluster": cluster.describe() if cluster is not None else None,
-        "runs": {},
-    }
+    report: dict[str, Any] = {**report_header("allreduce", cluster),
+                              "memcpy_gbps": memcpy_gbps(), "runs": {}}
     env = mpirun_env()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     for n in ranks:

@@ -16,10 +16,8 @@ A variant is ``hvd.grouped_allreduce`` of ResNet-50's 214 gradient arrays (102 M
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import platform
 import sys
 from typing import Any, Optional, Sequence
 
@@ -87,17 +85,13 @@ def run(ranks: int, out_dir: str, quick: bool = False, cluster: Any = None) -> d
 
     Local: call from one process; it starts the MPI jobs itself.
     """
-    from bench.allreduce import worker_job  # noqa: PLC0415
+    from bench.allreduce import report_header, worker_job  # noqa: PLC0415
     from hpcrep.launch.mpirun import mpirun_command, mpirun_env  # noqa: PLC0415
 
     launch = cluster.mpirun_command if cluster is not None else mpirun_command
     os.makedirs(out_dir, exist_ok=True)
     report: dict[str, Any] = {
-        "benchmark": "allreduce_sweep",
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(),
-                    "python": platform.python_version()},
-        "cluster": cluster.describe() if cluster is not None else None,
+        **report_header("allreduce_sweep", cluster),
         "ranks": ranks, "thresholds": list(THRESHOLDS), "chunks": list(CHUNKS), "jobs": {},
     }
     for threshold in THRESHOLDS:
