@@ -71,7 +71,7 @@ def _replay(signature: check.Signature) -> None:
 
     Collective: the active ranks run the collective of ``signature`` meanwhile.
     """
-    uneven.require_supported(signature)
+    uneven.require_supported(signature, waiting=True)
     kind, params, entries = signature
     arrays = [np.zeros(tuple(0 if d < 0 else d for d in shape), dtype=_dtype(dtype))
               for _, dtype, shape in entries]

@@ -137,28 +137,33 @@ def on_join(begin: Callable[[], None], end: Callable[[], None],
     _join_hooks.append((begin, end, rounds))
 
 
-def _leave_join_everywhere() -> None:
+def _leave_join_everywhere(waiting: bool) -> None:
     """Bring the join hooks' threads out of join mode on every rank, before a JoinError.
 
     A JoinError is raised on every rank (active ones in :func:`agree`, waiting ones in
-    :func:`hpcrep.comm.join.join`), and the job carries on, so each rank enters join mode and
-    waits until all have: the threads then leave it together, as when every rank has joined.
+    :func:`hpcrep.comm.join.join`), and the job carries on, so each active rank enters join mode
+    and every rank waits until all have: the threads then leave it together, as when every rank
+    has joined. A ``waiting`` rank's threads are in join mode already; entering it again could
+    come after they have left it with the others (the active ranks' threads may finish that
+    round before this rank's replay gets here), and they would then wait alone for good.
     """
     for begin, end, _ in _join_hooks:
-        begin()
+        if not waiting:
+            begin()
         end()
 
 
-def require_supported(signature: check.Signature) -> None:
+def require_supported(signature: check.Signature, waiting: bool = False) -> None:
     """Raise :class:`JoinError` unless ``signature``'s collective can run while a rank waits in
     join (allreduce Sum or Average, allgather); first bring this rank's join hooks out of join
-    mode, as every rank raises together. Local (every rank reaches it with the same signature).
+    mode, as every rank raises together. ``waiting``: this rank is the one waiting in join (its
+    hooks are in join mode already). Local (every rank reaches it with the same signature).
     """
     kind, params, _ = signature
     supported = kind in _SUPPORTED and (_SUPPORTED[kind] is None
                                         or params[0] in _SUPPORTED[kind])
     if not supported:
-        _leave_join_everywhere()
+        _leave_join_everywhere(waiting)
     if kind not in _SUPPORTED:
         raise JoinError(f"hpcrep.{kind} cannot run while a rank waits in join(): only allreduce "
                         "(Sum, Average) and allgather can. Run it before any rank joins, or "
