@@ -11,6 +11,9 @@ inside ``DistributedGradientTape.gradient`` or the optimizer's ``apply``), so th
 exchange the step makes, as the user's step makes it. Without ``nosync`` among the modes the
 split is not reported (``None``). ``vs_nosync`` is the variant's throughput over ``nosync``'s,
 round by round (median and min-max over rounds): the figure machine contention cancels out of.
+Given a trace file, hpcrep's variant then runs a few more steps with the timeline on, and its
+results gain ``trace`` (:mod:`bench.exposed`): the exposed communication and overlap fraction
+that the subtraction cannot give.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from bench import selfcheck
+from bench import exposed, selfcheck
 from bench.sync import MODES
 from bench.timing import spread, time_rounds
 from bench.variants import Variant, variant
@@ -77,14 +80,16 @@ def parse_modes(text: str, allowed: Sequence[str]) -> list[str]:
 
 
 def run_modes(factory: StepFactory, modes: Sequence[str], rounds: int, steps: int,
-              items_per_step: float) -> dict[str, dict]:
+              items_per_step: float, trace_file: Optional[str] = None) -> dict[str, dict]:
     """Check and time the job's step under each variant in ``modes``.
 
     Each variant's averaged probe gradient is checked first (:mod:`bench.selfcheck`, against
     the exact mean and hpcrep's); then all are warmed up and timed interleaved over ``rounds``
     rounds of ``steps`` steps (:func:`bench.timing.time_rounds`); then each one's weights are
     checked after one step from rank 0's state. A variant that fails a check keeps its
-    ``check`` but loses its figures (``failed`` True): it is not reported as timed.
+    ``check`` but loses its figures (``failed`` True): it is not reported as timed. With
+    ``trace_file`` (and more than one rank), hpcrep's variant is then traced
+    (:func:`bench.exposed.traced_figures`) and its results carry ``trace``.
 
     Collective: every rank must call this with the same arguments.
     """
@@ -112,6 +117,8 @@ def run_modes(factory: StepFactory, modes: Sequence[str], rounds: int, steps: in
         checks[mode]["weights"] = selfcheck.check_weights(
             lambda t=t: hvd.broadcast_variables(list(t.state()), root_rank=0), t.step,
             t.weights, mode != "nosync")
+    if trace_file and "hpcrep" in timed and size > 1:
+        results["hpcrep"]["trace"] = exposed.traced_figures(timed["hpcrep"].step, trace_file)
     for mode, r in results.items():
         r["check"] = checks[mode]
         r["check"]["ok"] = all(c["ok"] for c in checks[mode].values() if isinstance(c, dict))
@@ -146,7 +153,7 @@ def split_communication(results: dict[str, dict]) -> dict[str, dict]:
             r["failed"] = True
             for key in ("step_ms", "step_ms_min", "step_ms_max", "throughput", "throughput_min",
                         "throughput_max", "comm_ms", "compute_ms", "comm_fraction",
-                        "vs_nosync"):
+                        "vs_nosync", "trace"):
                 r[key] = None
     return results
 

@@ -95,6 +95,10 @@ def derive(report: dict) -> None:
             ratios = {n: peer_ratio(model, peer, n) for n in runs[peer]}
             model["ratios"][peer] = {n: r for n, r in ratios.items() if r is not None}
     report.setdefault("fusion_threshold", _fusion_threshold())
+    for model in report["models"].values():
+        measured = measured_overlap(model)
+        if measured is not None and model.get("overlap_fraction") is None:
+            model["overlap_fraction"], model["overlap_measured_at"] = measured
     software, memcpy = _allreduce_facts(report.get("allreduce") or {})
     inputs = {}
     for name, model in report["models"].items():
@@ -106,11 +110,24 @@ def derive(report: dict) -> None:
                             "syncs_per_step": model.get("syncs_per_step", 1)}
             if model.get("overlap_fraction") is not None:
                 inputs[name]["overlap_fraction"] = float(model["overlap_fraction"])
+                if model.get("overlap_measured_at"):
+                    inputs[name]["overlap_measured_at"] = model["overlap_measured_at"]
     report["projection"] = project(inputs, software, memcpy, report["fusion_threshold"])
     measured = sorted({int(n) for m in report["models"].values()
                        for by_n in m.get("runs", {}).values() for n in by_n})
     report["projection"]["checked"] = check_points(
         inputs, software, memcpy, report["fusion_threshold"], measured, report.get("cluster"))
+
+
+def measured_overlap(model: dict) -> Optional[tuple[float, int]]:
+    """The overlap fraction hpcrep's timeline measured for ``model`` (:mod:`bench.exposed`), at
+    the largest rank count whose trace has MPI time, with that rank count; None without one."""
+    hpcrep_runs = model.get("runs", {}).get("hpcrep", {})
+    for n in sorted(hpcrep_runs, key=int, reverse=True):
+        overlap = (hpcrep_runs[n].get("trace") or {}).get("overlap")
+        if overlap is not None:
+            return float(overlap), int(n)
+    return None
 
 
 def peer_ratio(model: dict, peer: str, n: str) -> Optional[dict]:

@@ -149,17 +149,32 @@ def _peers_md(report: dict) -> list[str]:
     return lines + [""]
 
 
+def _trace_text(trace: Optional[dict]) -> str:
+    """The two timeline columns of a run: exposed communication per step (median [min-max] over
+    jobs) and the overlap fraction (median over jobs); "-" where the run was not traced."""
+    if not trace or trace.get("exposed_ms") is None:
+        return "- | -"
+    exposed = fmt(trace["exposed_ms"], ".1f")
+    if trace.get("jobs", 1) > 1 and trace.get("exposed_ms_min") is not None:
+        exposed += f" [{trace['exposed_ms_min']:.1f}-{trace['exposed_ms_max']:.1f}]"
+    return f"{exposed} | {fmt(trace.get('overlap'), '.2f')}"
+
+
 def _model_md(name: str, model: dict) -> list[str]:
     lines = [f"## {name}", "", f"Throughput in {model.get('unit', '?')}; gradients: "
              f"{model.get('grad_tensors', '?')} tensors, "
              f"{(model.get('grad_bytes') or 0) / 1e6:.2f} MB per exchange, "
              f"{model.get('syncs_per_step', 1)} exchange(s) per step. Figures: median "
              "[min-max] over all rounds of all jobs; 'per-job step ms' is each job's median, in "
-             "the order the jobs ran.", "",
+             "the order the jobs ran. 'exposed comm ms (timeline)' and 'overlap' come from a "
+             "timeline of a few more steps of hpcrep's variant in each job (bench/exposed.py; "
+             "the traces are jobs/*.trace.json, for hpcrep analyze): the time a step waited on "
+             "collectives after asking for its last one, and the share of its MPI time that ran "
+             "before that, hidden behind compute.", "",
              "| variant | job | ranks | threads per rank | jobs x rounds | throughput | step ms "
              "| per-job step ms | throughput / its job's no-sync | efficiency vs 1 rank | "
-             "self-check |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "exposed comm ms (timeline) | overlap | self-check |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for mode, runs in model.get("runs", {}).items():
         job = "own" if mode in OWN_JOB_PEERS else "main"
         for n, r in sorted(runs.items(), key=lambda kv: int(kv[0])):
@@ -169,7 +184,7 @@ def _model_md(name: str, model: dict) -> list[str]:
                 f"{_run_spread(r, 'throughput')} | {_run_spread(r, 'step_ms')} | "
                 f"{_job_medians_text(r)} | "
                 f"{fmt_figure(r.get('vs_nosync'))} | {fmt(r.get('efficiency'), '.2f')} | "
-                f"{_check_text(r.get('check'))} |")
+                f"{_trace_text(r.get('trace'))} | {_check_text(r.get('check'))} |")
     for peer, by_n in model.get("peer_jobs", {}).items():
         for n, own in sorted(by_n.items(), key=lambda kv: int(kv[0])):
             r = own.get("nosync") or {}
@@ -177,7 +192,7 @@ def _model_md(name: str, model: dict) -> list[str]:
                 f"| no-sync of the {SHORT_NAMES.get(peer, peer)} job | own | {n} | "
                 f"{fmt(r.get('threads_per_rank'), 'd')} | {_pooled_text(r)} | "
                 f"{_run_spread(r, 'throughput')} | {_run_spread(r, 'step_ms')} | "
-                f"{_job_medians_text(r)} | 1 | - | - |")
+                f"{_job_medians_text(r)} | 1 | - | - | - | - |")
     if model.get("ratios"):
         lines += ["", "hpcrep throughput / peer throughput (median [min-max]):", ""]
         for peer, ratios in model["ratios"].items():
@@ -313,7 +328,10 @@ def _projection_md(proj: dict) -> list[str]:
               "allreduce each: t = t_sw + 2(p-1)/p * B/bw + buffers * 2(p-1) * latency; compute "
               "per step = the 1-rank no-sync step measured here. "
               + ("A 'measured overlap' row hides the share of communication that this run "
-                 "measured as hidden behind compute." if overlap else
+                 "measured as hidden behind compute: the overlap fraction of hpcrep's timeline at "
+                 + ", ".join(f"{m['overlap_measured_at']} ranks for {name}"
+                             for name, m in proj["models"].items()
+                             if m.get("overlap_measured_at")) + "." if overlap else
                  "No overlap row: this run measured no overlap of communication with compute."),
               "", "| model | buffers | row | " + " | ".join(str(p) for p in proj["ranks"]) + " |",
               "|---|---:|---|" + "---:|" * len(proj["ranks"])]

@@ -11,7 +11,8 @@ writes the merged trace). While the recorder is on, three kinds of record are ke
   collective and names it (``args["collective"]``);
 - *steps* (:func:`step_begin` / :func:`step_end`): training step boundaries from Keras's ``fit``
   (a callback), the Replicator, and ``DistributedOptimizer.apply`` /
-  ``DistributedGradientTape.gradient`` (:mod:`hpcrep.tensorflow.timeline` marks them).
+  ``DistributedGradientTape.gradient`` (:mod:`hpcrep.tensorflow.timeline` marks them), or from
+  a loop of the caller's around each call of its compiled step (source ``"loop"``).
 
 Other recorders (the compiled engine's ring, :mod:`hpcrep.tensorflow.native.timeline`) register
 as *sources* (:func:`add_source`): turned on and off with this recorder and drained at each step
@@ -42,7 +43,8 @@ from typing import Any, Iterator, Optional, Protocol, Sequence
 Record = tuple[str, str, str, int, int, dict]
 
 # Sources of step boundaries, most specific first: one that has been seen owns the counter.
-SOURCES = ("fit", "replicator", "apply", "gradient")
+# "loop": a caller's own loop marking each call of an already compiled step (bench.exposed).
+SOURCES = ("loop", "fit", "replicator", "apply", "gradient")
 
 _NULL = contextlib.nullcontext()
 _on = False  # recording now (started and inside the step window): the hot path's one read

@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.job import (Timed, add_bench_arguments, gradient_summary, parse_modes, run_modes,
                        weights_agree, write_result)
+from bench.exposed import trace_path
 from bench.sync import MODES
 
 
@@ -134,7 +135,8 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
         return Timed(lambda: timed.step(*replay.sample(args.batch)), lambda: timed.variables,
                      lambda: timed.trainable_variables)
 
-    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size)
+    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size,
+                     trace_file=trace_path(args.bench_json))
     for r in runs.values():
         r["learner_steps_per_s"] = 1e3 / r["step_ms"] if r.get("step_ms") else None
     write_result(args.bench_json, {

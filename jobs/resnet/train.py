@@ -25,6 +25,7 @@ import numpy as np
 
 from bench.job import (Timed, add_bench_arguments, gradient_summary, parse_modes, run_modes,
                        weights_agree, write_result)
+from bench.exposed import trace_path
 from bench.sync import MODES
 
 
@@ -139,7 +140,8 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
         return Timed(lambda: train_step(images, labels).numpy(), lambda: clf.variables,
                      lambda: clf.model.trainable_variables)
 
-    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size)
+    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size,
+                     trace_file=trace_path(args.bench_json))
     write_result(args.bench_json, {"model": "resnet50", "unit": "images/s", "runs": runs,
                                    **gradient_summary(clf.model.trainable_variables),
                                    "config": vars(args)})

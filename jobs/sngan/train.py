@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.job import (Timed, add_bench_arguments, gradient_summary, parse_modes, run_modes,
                        weights_agree, write_result)
+from bench.exposed import trace_path
 from bench.sync import MODES
 
 
@@ -168,7 +169,8 @@ def bench(args: argparse.Namespace, modes: list[str]) -> int:
                      lambda: gan.generator.trainable_variables
                      + gan.discriminator.trainable_variables, probe="optimizer")
 
-    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size * args.n_dis)
+    runs = run_modes(factory, modes, args.rounds, args.steps, args.batch * size * args.n_dis,
+                     trace_file=trace_path(args.bench_json))
     gan = next(iter(gans.values()))
     params = gan.generator.trainable_variables + gan.discriminator.trainable_variables
     write_result(args.bench_json, {

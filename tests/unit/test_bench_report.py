@@ -289,6 +289,58 @@ def test_measured_overlap_gets_its_row():
     assert "| resnet50 | 6 | measured overlap |" in report_markdown.markdown(data, [])
 
 
+def test_hpcreps_timeline_gives_the_columns_and_the_projections_overlap_row():
+    from bench import report, report_markdown
+
+    data = fake_report()
+    assert report.measured_overlap(data["models"]["resnet50"]) is None
+    report.derive(data)
+    assert "measured_overlap" not in data["projection"]["models"]["resnet50"]["rows"]
+    data = fake_report()
+    hpcrep2 = data["models"]["resnet50"]["runs"]["hpcrep"]["2"]
+    hpcrep2["trace"] = {"jobs": 2, "steps": 6, "step_ms": 110.0, "exposed_ms": 12.5,
+                        "exposed_ms_min": 11.0, "exposed_ms_max": 14.0, "overlap": 0.85,
+                        "compute_ms": 97.5, "mpi_ms": 30.0, "bytes": 1e8}
+    report.derive(data)
+    model = data["models"]["resnet50"]
+    assert model["overlap_fraction"] == 0.85 and model["overlap_measured_at"] == 2
+    proj = data["projection"]["models"]["resnet50"]
+    fused, hidden = proj["rows"]["fused"], proj["rows"]["measured_overlap"]
+    assert all(h > f for f, h in zip(fused, hidden))  # hiding 85 % of comm lifts efficiency
+    md = report_markdown.markdown(data, [])
+    assert "exposed comm ms (timeline) | overlap | self-check |" in md
+    assert "| 12.5 [11.0-14.0] | 0.85 | ok" in md
+    assert "overlap fraction of hpcrep's timeline at 2 ranks for resnet50" in md
+    lines = md.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| variant | job |"))
+    table = lines[header:lines.index("", header)]
+    assert len(table) == 10  # header, rule, 8 rows: each with the header's columns
+    assert {line.count("|") for line in table} == {table[0].count("|")}
+
+
+def test_traces_of_repeated_jobs_pool_to_medians_and_failed_modes_lose_theirs():
+    from bench.exposed import pool_traces, trace_path
+    from bench.pooling import pool_jobs
+
+    assert trace_path("out/jobs/resnet50-2-hpcrep.json") == "out/jobs/resnet50-2-hpcrep.trace.json"
+    assert trace_path(None) is None and pool_traces([None, {}]) is None
+    a = {"steps": 3, "exposed_ms": 10.0, "overlap": 0.5, "step_ms": 100.0, "file": "a"}
+    b = {"steps": 3, "exposed_ms": 20.0, "overlap": None, "step_ms": 120.0, "file": "b"}
+    c = {"steps": 3, "exposed_ms": 40.0, "overlap": 0.7, "step_ms": 110.0, "file": "c"}
+    pooled = pool_traces([a, None, b, c])
+    assert pooled["jobs"] == 3 and pooled["steps"] == 9 and pooled["files"] == ["a", "b", "c"]
+    assert pooled["exposed_ms"] == 20.0 and pooled["exposed_ms_min"] == 10.0
+    assert pooled["exposed_ms_max"] == 40.0 and pooled["overlap"] == pytest.approx(0.6)
+    one = {"hpcrep": dict(run(8, [90, 95]), trace=a), "nosync": run(8, [80, 80])}
+    two = {"hpcrep": dict(run(8, [92, 97]), trace=c), "nosync": run(8, [80, 82])}
+    runs = pool_jobs([one, two])
+    assert runs["hpcrep"]["trace"]["exposed_ms"] == 25.0 and "trace" not in runs["nosync"]
+    bad = dict(run(8, [92, 97]), trace=c)
+    bad["check"] = {"ok": False}
+    runs = pool_jobs([one, {"hpcrep": bad, "nosync": run(8, [80, 82])}])
+    assert runs["hpcrep"]["trace"] is None  # a variant that failed its check shows no figures
+
+
 def test_a_report_from_an_older_version_is_rederived_before_rendering(tmp_path):
     from hpcrep.cli import main
 
