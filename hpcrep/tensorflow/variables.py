@@ -16,12 +16,19 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0, process_se
                         inplace: bool = False) -> Any:
     """Assign rank ``root_rank``'s values to ``variables`` on every rank (one fused exchange).
 
-    Works eagerly and inside ``tf.function``; returns the grouped assign op.
+    Works eagerly and inside ``tf.function``; returns the grouped assign op. Over a
+    communicator of one rank that is its own root, nothing moves and nothing is copied (a
+    fused exchange would hold two more copies of every variable for a moment: a sharded
+    embedding table's shard, whose data-parallel communicator is one rank when the replica
+    spans the job).
 
     Collective: every rank must call this, in the same order, with the same variables.
     """
     variables = list(variables)
     if not variables:
+        return tf.no_op()
+    communicator = comm.resolve(process_set)
+    if communicator.size() == 1 and root_rank == communicator.ranks[0]:
         return tf.no_op()
     values = grouped_broadcast([v.value() if hasattr(v, "value") and callable(v.value)
                                 else tf.convert_to_tensor(v) for v in variables], root_rank,
