@@ -2,7 +2,8 @@
 groups at 4 ranks progressing at different rates (one group sleeps every step and, at step
 HOLD_AT, waits until the other group has finished all its steps: any lockstep between groups
 would deadlock, which the timeout turns into a failure) yet converging to one model; and
-replicas of 2 ranks sharding a click model (tensor parallelism) at 4 ranks."""
+replicas of 2 ranks sharding a click model (tensor parallelism) at 4 ranks, and that job
+refusing, on every rank, a table too big for the node."""
 
 import json
 
@@ -56,3 +57,15 @@ def test_tensor_parallel_job_learns_holding_half_the_parameters_per_rank(mpirun)
     assert out["last_loss"] < 0.8 * out["first_loss"]
     held, whole = out["parameter_bytes_per_rank"], out["parameter_bytes_unsharded"]
     assert len(held) == 4 and all(0.5 * whole <= h < 0.51 * whole for h in held)
+
+
+@pytest.mark.timeout(300)
+def test_tensor_parallel_job_refuses_a_table_no_split_of_its_ranks_can_hold(mpirun):
+    # 10^11 rows x 16 floats: terabytes per rank at any split of 2 ranks. Every rank agrees on
+    # the figures before building anything, so every rank stops with the same message.
+    done = mpirun.run_job(2, "replicator_tensor_parallel.py", "--ranks-per-replica", 1,
+                          "--rows", 10**11, "--steps", 1)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert out.count("no split of this job's ranks fits") == 2, out[-3000:]
+    assert "per rank at --ranks-per-replica 1 (100000000000 rows x 16)" in out, out[-3000:]
