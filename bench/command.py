@@ -83,6 +83,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="report directory (default reports/<timestamp>)")
     parser.add_argument("--no-allreduce", action="store_true", help="skip the allreduce benchmark")
     parser.add_argument("--no-mwms", action="store_true", help="skip MultiWorkerMirroredStrategy")
+    parser.add_argument("--no-memory", action="store_true",
+                        help="skip the sharded-model figures that `all` adds on local ranks "
+                             "(tensor-parallel click model, ZeRO-1)")
     parser.add_argument("--repeats", type=int, default=None,
                         help="jobs per model, rank count and variant, their rounds pooled "
                              f"(default {REPEATS[True]} with --quick, {REPEATS[False]} without)")
@@ -154,6 +157,10 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
         report["allreduce"] = run_allreduce([r for r in ranks if r > 1] or [2], out, args.quick,
                                             report["errors"], nodes)
         report["allreduce_cpu_seconds"] = _children_cpu_seconds() - cpu_start
+    if not args.no_memory and nodes is None and args.model == "all":
+        from bench import memory  # noqa: PLC0415
+
+        report["memory"] = memory.run(ranks, out, args.quick, report["errors"], args.timeout)
     report["seconds"] = time.time() - start
     report["load"]["end"] = load_snapshot()
     report_mod.derive(report)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from bench import plots
+from bench import memory, plots
 from bench.plots import PEER_NAMES
 from bench.report import (OWN_JOB_PEERS, SHORT_NAMES, cores_line, fmt, fmt_figure, fmt_spread,
                           idle_text, load_text, load_warning, pooling_line, summary_rows)
@@ -75,6 +75,7 @@ def markdown(report: dict, images: list[str]) -> str:
     lines += _checks_md(report)
     lines += _horovod_md(report)
     lines += _allreduce_md(report.get("allreduce") or {})
+    lines += memory.markdown(report.get("memory"))
     lines += _projection_md(report["projection"])
     lines += _checked_md(report)
     if report.get("errors"):

@@ -151,6 +151,8 @@ for _ in range(args.steps):
     losses.append(float(train_step()))
     times.append(time.perf_counter() - start)
 held = hvd.allgather_object(parameter_bytes(model.weights))
+slots = hvd.allgather_object(parameter_bytes(
+    [v for v in optimizer.variables if len(v.shape) > 0]))  # the slots, not the step counters
 peak_rss = hvd.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 rep.close()
 if hvd.rank() == 0:
@@ -162,6 +164,8 @@ if hvd.rank() == 0:
                       "median_step_s": float(np.median(times[len(times) // 2:])),
                       "parameter_bytes_per_rank": [h["held"] for h in held],
                       "parameter_bytes_unsharded": held[0]["unsharded"],
+                      "slot_bytes_per_rank": [h["held"] for h in slots],
+                      "slot_bytes_unsharded": slots[0]["unsharded"],
                       "estimated_peak_bytes_per_rank": needed(k),
                       "share_per_rank": base + share,
                       "peak_rss_bytes_per_rank": peak_rss}))

@@ -366,3 +366,32 @@ def test_idle_time_is_estimated_from_the_jobs_cpu_seconds():
     assert report.idle_seconds(data) == pytest.approx(100 + 150 + 20)
     report.derive(data)
     assert "270 CPU s per rank" in report_markdown.markdown(data, [])
+
+
+def test_the_sharded_model_figures_get_their_section():
+    from bench import memory, report, report_markdown
+
+    timing = {"step_ms": 300.0, "step_ms_min": 290.0, "step_ms_max": 320.0}
+    data = fake_report()
+    data["memory"] = {
+        "tensor_parallel": {
+            str(k): {"ranks": 2, "ranks_per_replica": k, "replicas": 2 // k,
+                     "first_loss": 0.693, "last_loss": 0.5, "median_step_s": 0.0187,
+                     "parameter_bytes_per_rank": [6467588 // k] * 2,
+                     "parameter_bytes_unsharded": 6467588,
+                     "slot_bytes_per_rank": [6467588 // k] * 2,
+                     "peak_rss_bytes_per_rank": [620e6, 630e6]} for k in (1, 2)},
+        "zero": {"results": {"2": {
+            "timing": {"plain": timing, "zero": dict(timing, step_ms=310.0)},
+            "timing_bytes": [{"plain": {"params": 100 << 20, "slots": 200 << 20, "shard": 0},
+                              "zero": {"params": 100 << 20, "slots": 100 << 20,
+                                       "shard": 50 << 20}}] * 2,
+            "rss": {"plain": 1500.0, "zero": 1400.0}}}}}
+    report.derive(data)
+    md = report_markdown.markdown(data, [])
+    assert "## Models larger than one rank" in md
+    assert "| 1 | 2 | 6.5 | 6.5 | 630.0 | 18.7 | 0.693 -> 0.500 |" in md
+    assert "| 2 | 1 | 3.2 | 3.2 | 630.0 | 18.7 | 0.693 -> 0.500 |" in md
+    assert "| 2 | zero | 310 [290, 320] | 100.0 | 100.0 | 50.0 | 1400 |" in md
+    assert memory.markdown(None) == [] and "Models larger" not in report_markdown.markdown(
+        fake_report() | {"projection": data["projection"]}, [])
