@@ -96,6 +96,8 @@ def derive(report: dict) -> None:
             model["ratios"][peer] = {n: r for n, r in ratios.items() if r is not None}
     report.setdefault("fusion_threshold", _fusion_threshold())
     for model in report["models"].values():
+        if model.pop("overlap_measured_at", None) is not None:  # an earlier derive() set it
+            model.pop("overlap_fraction", None)
         measured = measured_overlap(model)
         if measured is not None and model.get("overlap_fraction") is None:
             model["overlap_fraction"], model["overlap_measured_at"] = measured
@@ -121,7 +123,12 @@ def derive(report: dict) -> None:
 
 def measured_overlap(model: dict) -> Optional[tuple[float, int]]:
     """The overlap fraction hpcrep's timeline measured for ``model`` (:mod:`bench.exposed`), at
-    the largest rank count whose trace has MPI time, with that rank count; None without one."""
+    the largest rank count whose trace has MPI time, with that rank count; None without one,
+    and None for a model that exchanges more than once per step: the analysis counts only the
+    step's last exchange as waited on (its compute end is the last request), so an earlier
+    exchange the step waited for (SN-GAN's discriminator update) would count as hidden."""
+    if model.get("syncs_per_step", 1) != 1:
+        return None
     hpcrep_runs = model.get("runs", {}).get("hpcrep", {})
     for n in sorted(hpcrep_runs, key=int, reverse=True):
         overlap = (hpcrep_runs[n].get("trace") or {}).get("overlap")

@@ -311,6 +311,11 @@ def test_hpcreps_timeline_gives_the_columns_and_the_projections_overlap_row():
     assert "exposed comm ms (timeline) | overlap | self-check |" in md
     assert "| 12.5 [11.0-14.0] | 0.85 | ok" in md
     assert "overlap fraction of hpcrep's timeline at 2 ranks for resnet50" in md
+    two_exchanges = fake_report()
+    two_exchanges["models"]["resnet50"]["syncs_per_step"] = 2  # as SN-GAN and D4PG
+    two_exchanges["models"]["resnet50"]["runs"]["hpcrep"]["2"]["trace"] = hpcrep2["trace"]
+    report.derive(two_exchanges)
+    assert "measured_overlap" not in two_exchanges["projection"]["models"]["resnet50"]["rows"]
     lines = md.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| variant | job |"))
     table = lines[header:lines.index("", header)]
