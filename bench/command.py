@@ -160,7 +160,8 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
     if not args.no_memory and nodes is None and args.model == "all":
         from bench import memory  # noqa: PLC0415
 
-        report["memory"] = memory.run(ranks, out, args.quick, report["errors"], args.timeout)
+        report["memory"] = memory.run(ranks, out, args.quick, report["errors"], args.timeout,
+                                      args.cores_per_rank)
     report["seconds"] = time.time() - start
     report["load"]["end"] = load_snapshot()
     report_mod.derive(report)

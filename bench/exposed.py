@@ -60,8 +60,9 @@ def traced_figures(step: Callable[[], object], path: str,
     if hvd.rank() != 0:
         return None
     totals = trace.analyze(trace.load(path)).totals()
-    n = max(1, int(totals["steps"] or 0))
-    return {"steps": int(totals["steps"] or 0), "step_ms": totals["duration"] / n,
+    traced = int(totals["steps"])
+    n = max(1, traced)
+    return {"steps": traced, "step_ms": totals["duration"] / n,
             "exposed_ms": totals["exposed"] / n, "compute_ms": totals["compute"] / n,
             "mpi_ms": totals["mpi"] / n, "overlap": totals["overlap"],
             "bytes": totals["bytes"] / n, "file": os.path.basename(path)}

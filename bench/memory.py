@@ -33,13 +33,16 @@ ZERO = {True: ["--image-size", "32", "--batch", "4", "--rounds", "3", "--steps",
         False: ["--image-size", "64", "--batch", "8", "--rounds", "5", "--steps", "3"]}
 
 
-def run(ranks: list[int], out: str, quick: bool, errors: list, timeout: int) -> dict:
-    """Run both series (see the module) into ``out``; record failures in ``errors``. Local."""
+def run(ranks: list[int], out: str, quick: bool, errors: list, timeout: int,
+        cores_per_rank: int = 1) -> dict:
+    """Run both series (see the module) into ``out``, every rank with ``cores_per_rank``
+    threads as the run's other jobs (:func:`bench.placement.thread_env`); record failures in
+    ``errors``. Local."""
     result: dict[str, Any] = {"tensor_parallel": {}, "zero": None}
     n = max(ranks)
     for k in (d for d in range(1, n + 1) if n % d == 0):
         label = f"tensor-parallel click model x{n}, {k} rank(s) per replica"
-        got = _tensor_parallel(n, k, quick, timeout, errors, label)
+        got = _tensor_parallel(n, k, quick, timeout, errors, label, cores_per_rank)
         if got is not None:
             result["tensor_parallel"][str(k)] = got
     label = f"ZeRO-1 (bench.zero) at ranks {','.join(map(str, ranks))}"
@@ -50,7 +53,7 @@ def run(ranks: list[int], out: str, quick: bool, errors: list, timeout: int) -> 
         subprocess.run([sys.executable, "-m", "bench.zero", "--ranks", ",".join(map(str, ranks)),
                         "--out", zero_out, *ZERO[quick]], cwd=ROOT, check=True,
                        capture_output=True, text=True, timeout=timeout * (3 * len(ranks)),
-                       env=_env())
+                       env=_env(cores_per_rank))
         with open(os.path.join(zero_out, "zero.json")) as f:
             result["zero"] = json.load(f)
         print(f"bench: {label} done in {time.time() - start:.0f} s", flush=True)
@@ -61,18 +64,19 @@ def run(ranks: list[int], out: str, quick: bool, errors: list, timeout: int) -> 
     return result
 
 
-def _env() -> dict[str, str]:
+def _env(cores_per_rank: int) -> dict[str, str]:
+    from bench.placement import thread_env  # noqa: PLC0415
     from hpcrep.launch.mpirun import mpirun_env  # noqa: PLC0415
 
     env = mpirun_env()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    env.setdefault("HPCREP_THREADS", "1")
+    env.update(thread_env(cores_per_rank))
     env["PYTHONPATH"] = ROOT
     return env
 
 
 def _tensor_parallel(n: int, k: int, quick: bool, timeout: int, errors: list,
-                     label: str) -> Optional[dict]:
+                     label: str, cores_per_rank: int) -> Optional[dict]:
     """One run of the click model; its printed JSON, or None (error recorded)."""
     from hpcrep.launch.mpirun import mpirun_command  # noqa: PLC0415
 
@@ -82,7 +86,7 @@ def _tensor_parallel(n: int, k: int, quick: bool, timeout: int, errors: list,
     print(f"bench: {label} ...", flush=True)
     start = time.time()
     try:
-        proc = subprocess.run(command, env=_env(), capture_output=True, text=True,
+        proc = subprocess.run(command, env=_env(cores_per_rank), capture_output=True, text=True,
                               timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         errors.append(f"{label}: timed out after {timeout} s")
