@@ -11,6 +11,7 @@ import hpcrep.comm as hc
 from hpcrep.comm import join as comm_join
 from hpcrep.comm import uneven
 import hpcrep.tensorflow as hvd
+from hpcrep.tensorflow import native
 from hpcrep.errors import JoinError
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,3 +125,26 @@ def test_unsupported_collective_while_waiting_raises_on_every_rank(world, monkey
     np.testing.assert_array_equal(hc.allreduce(np.ones(2), hc.Sum), np.full(2, n))
     compiled = tf.function(lambda: hvd.allreduce(tf.ones(2), op=hvd.Sum))()
     np.testing.assert_array_equal(compiled.numpy(), np.full(2, n))
+
+
+def test_compiled_path_join_error_leaves_the_waiting_rank_serving(world):
+    """A Max allreduce on the compiled path while a rank waits fails on the active ranks
+    (waiting ranks add zeros, which only Sum and Average ignore); the waiting rank's join()
+    goes on, so its thread must keep serving: the active ranks' next Sum completes with its
+    zeros, and their join() then returns on every rank. (On the Python path the same call
+    raises JoinError on every rank, the waiting one included: the test above.)"""
+    r, n = world
+    if n < 2:
+        pytest.skip("needs 2 ranks")
+    if not native.active():
+        pytest.skip("the compiled path is off (HPCREP_NATIVE=off or not built)")
+    tensor = tf.ones([4])
+    if r == 0:
+        ret = int(hvd.join())
+    else:
+        with pytest.raises(tf.errors.OpError, match="join"):
+            tf.function(lambda t: hvd.allreduce(t, op=hvd.Max))(tensor)
+        got = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum))(tensor)
+        np.testing.assert_array_equal(got.numpy(), np.full(4, n - 1))
+        ret = int(tf.function(hvd.join)())
+    assert hvd.allgather_object(ret) == [ret] * n

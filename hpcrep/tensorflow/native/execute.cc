@@ -48,10 +48,10 @@ void Engine::Execute(const Offer& offer, const Agreement& agreement) {
     int rc = ShareLayout(batch, agreement.ready, offer.joined, &layout);
     tensorflow::Status s = rc == MPI_SUCCESS ? JoinableStatus(layout) : MpiError(rc);
     if (!s.ok()) {
-      // Every rank fails this batch; waiting ranks leave join mode (their join() goes on
-      // waiting in Python), so that the job can carry on.
+      // The active ranks fail this batch. Waiting ranks have no request in it and stay in join
+      // mode: their join() goes on, and their thread must go on serving the active ranks' next
+      // collectives with zeros (leaving join mode here hung the active ranks' next allreduce).
       for (auto& r : batch) r->Finish(s);
-      LeaveJoin();
       return;
     }
     if (offer.joined) batch = ZeroRequests(layout);
