@@ -216,6 +216,22 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "debugging. Overlap needs the compiled path; the Python path holds a TensorFlow "
             "thread while it communicates. Must be the same on every rank.",
             same_on_all_ranks=True),
+    Setting("HPCREP_AUTOTUNE", _parse_bool, False,
+            "Tune the gradient exchange's fusion threshold and piece size while training, from "
+            "measured step times (hpcrep/comm/autotune.py): rank 0 times each setting, all ranks "
+            "switch at the same step, and a drift in step time starts a new search. Logs each "
+            "choice on rank 0's stderr. Compiled path only. Must be the same on every rank.",
+            same_on_all_ranks=True),
+    Setting("HPCREP_AUTOTUNE_LOG", str, "",
+            "With HPCREP_AUTOTUNE: a CSV file (rank 0 writes it) with every timed setting: step, "
+            "fusion bytes, piece bytes, median step ms. Empty: none."),
+    Setting("HPCREP_AUTOTUNE_WARMUP", int, 2,
+            "With HPCREP_AUTOTUNE: steps after each change of setting that are not timed."),
+    Setting("HPCREP_AUTOTUNE_STEPS", int, 5,
+            "With HPCREP_AUTOTUNE: steps timed per setting (their median is its score)."),
+    Setting("HPCREP_AUTOTUNE_WINDOW", int, 20,
+            "With HPCREP_AUTOTUNE: once settled, steps per look at the step time; two looks 15 % "
+            "slower than the chosen setting's score start a new search."),
     Setting("HPCREP_THREADS", int, 0,
             "TensorFlow intra-op threads per rank; 0 means cores on this node // ranks on this "
             "node (at least 1)."),

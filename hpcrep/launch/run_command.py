@@ -60,6 +60,8 @@ FEATURE_OPTIONS: tuple[FeatureOption, ...] = (
                   "the timeline (issue 23)", "record every step"),
     FeatureOption("autotune", "--autotune", "HPCREP_AUTOTUNE", "autotuning (issue 28)",
                   "set HPCREP_FUSION_THRESHOLD and HPCREP_ALLREDUCE_CHUNK by hand"),
+    FeatureOption("autotune_log_file", "--autotune-log-file", "HPCREP_AUTOTUNE_LOG",
+                  "autotuning (issue 28)", "leave it out"),
 )
 
 _PYTHON = re.compile(r"^python[0-9.]*$")
@@ -80,8 +82,9 @@ in transparent mode (python -m hpcrep). --transparent / --no-transparent overrid
 
 horovodrun -> hpcrep run: -np/--num-proc, -H/--hosts, --hostfile, --verbose, --mpi-args: the
 same. --timeline-filename FILE (or --timeline; --timeline-steps A:B) sets HPCREP_TIMELINE
-(HPCREP_TIMELINE_STEPS) on every rank. --min-np/--max-np (elastic), --autotune: refused with a
-message until their features exist, then passed to every rank as their HPCREP_* setting.
+(HPCREP_TIMELINE_STEPS) on every rank. --autotune (--autotune-log-file FILE) sets
+HPCREP_AUTOTUNE (HPCREP_AUTOTUNE_LOG). --min-np/--max-np (elastic): refused with a message until
+the feature exists, then passed to every rank as its HPCREP_* setting.
 
 inside a Slurm allocation srun starts the ranks where the allocation is, so -H and --hostfile
 are an error there (a warning would run ranks elsewhere than you asked): leave them out, or use
@@ -234,7 +237,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="record only training steps A to B (counted from 0) in the "
                              "timeline")
     parser.add_argument("--autotune", action="store_true", default=False,
-                        help="autotuning: not available yet")
+                        help="tune the fusion threshold and piece size of the gradient "
+                             "exchange while training, from measured step times")
+    parser.add_argument("--autotune-log-file", default=None, metavar="FILE",
+                        help="with --autotune: rank 0 writes every timed setting to FILE (CSV)")
     parser.add_argument("--mpi-args", default=None, metavar="'ARGS'",
                         help="extra arguments for the launcher (mpirun; srun inside Slurm), "
                              "passed as they are; one that starts with '-' and has no space: "

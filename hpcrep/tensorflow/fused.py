@@ -40,7 +40,7 @@ from hpcrep.comm import check, fusion
 from hpcrep.comm.collectives import allreduce_into_buckets, hierarchical
 from hpcrep.comm.ops import ReduceOp
 from hpcrep.errors import CollectiveMismatchError, JoinError
-from hpcrep.tensorflow import native
+from hpcrep.tensorflow import autotune, native
 from hpcrep.tensorflow.bridge import host_call, require_no_xla
 from hpcrep.tensorflow.errors import for_tensorflow
 
@@ -177,8 +177,12 @@ def _compiled_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: fl
     engine = native.engine(communicator)
     ops = native.ops()
     static = all(t.shape.is_fully_defined() for t in tensors)
+    # Tuned (the gradient exchange under HPCREP_AUTOTUNE): small buckets, which the engine fuses
+    # up to the tuned threshold and cuts into the tuned pieces when they are queued.
+    tuned = autotune.in_tuned_scope()
+    threshold = int(config.get("HPCREP_FUSION_THRESHOLD"))
     if static:
-        buckets = fusion.plan(_layout(tensors), config.get("HPCREP_FUSION_THRESHOLD"))
+        buckets = fusion.plan(_layout(tensors), autotune.PLAN_BYTES if tuned else threshold)
         groups = [[s.index for s in b.slots] for b in buckets]
     else:  # sizes known only when the step runs: one bucket per dtype
         by_dtype: dict[str, list[int]] = {}
@@ -199,7 +203,8 @@ def _compiled_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: fl
             prescale_bits=native.bits(prescale), postscale_bits=native.bits(postscale),
             signature=check.signature_hash(signature),
             description=_describe(tensors, group, op, name),
-            chunk_bytes=int(config.get("HPCREP_ALLREDUCE_CHUNK")),
+            chunk_bytes=int(config.get("HPCREP_ALLREDUCE_CHUNK")), fusion_bytes=threshold,
+            tuned=tuned,
             match_name=f"{name}.{index}" if name else "", name="hpcrep_allreduce_start")
         flat = _wait(handle, members[0].dtype, -1 if bucket is None else bucket.length)
         if bucket is not None:

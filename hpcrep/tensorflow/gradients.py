@@ -31,7 +31,7 @@ import tensorflow as tf
 from hpcrep import comm, config
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
 from hpcrep.errors import CollectiveArgumentError
-from hpcrep.tensorflow import collectives
+from hpcrep.tensorflow import autotune, collectives
 from hpcrep.tensorflow.compression import Compression
 from hpcrep.tensorflow.powersgd import is_stateful
 from hpcrep.tensorflow.variables import variable_key
@@ -192,7 +192,6 @@ class GradientReducer:
 
         Collective: every rank of ``communicator`` must call this, in the same order.
         """
-        out: list[Any] = list(grads)
         if self.op is ReduceOp.Average and self.gradient_predivide_factor != 1.0:
             op = ReduceOp.Sum
             pre = 1.0 / self.gradient_predivide_factor
@@ -208,6 +207,24 @@ class GradientReducer:
             dense_set = set(dense)
             with tf.control_dependencies([grads[i] for i in dense]):
                 grads = [tf.identity(g) if i in dense_set else g for i, g in enumerate(grads)]
+        tuned = bool(dense) and not is_stateful(self.compression) and autotune.enabled()
+        if tuned:
+            # HPCREP_AUTOTUNE: the tuner ticks once the backward pass has made its first
+            # gradient (the last one), and every bucket of the step waits for it.
+            tick = autotune.tick_op(communicator, grads[dense[-1]])
+            dense_set = set(dense)
+            with tf.control_dependencies([tick]):
+                grads = [tf.identity(g) if i in dense_set else g for i, g in enumerate(grads)]
+        with autotune.tuned_scope() if tuned else contextlib.nullcontext():
+            return self._exchange(grads, groups, overlap, op, pre, post, compression,
+                                  communicator, name, dense)
+
+    def _exchange(self, grads: list, groups: list[list[int]], overlap: bool, op: ReduceOp,
+                  pre: float, post: float, compression: Any, communicator: comm.Communicator,
+                  name: str, dense: list[int]) -> list[Any]:
+        """Start each group's fused allreduce (overlap: last gradient first); return the
+        reduced gradients of ``dense`` in that order. Collective."""
+        out: list[Any] = list(grads)
         for gi, group in enumerate(groups):
             # Overlap: buckets are planned from the last gradient back (the backward pass makes
             # the last layer's first), so the first bucket's exchange starts while earlier

@@ -207,6 +207,18 @@ def _at_exit() -> None:
         _library().unregister(entry.engine_id)
 
 
+def tune(communicator: Any, fusion_bytes: int, chunk_bytes: int) -> None:
+    """Set the fusion threshold and piece size of ``communicator``'s requests traced as tuned
+    (``tuned=True``: the gradient exchange under ``HPCREP_AUTOTUNE``), from their next request on.
+
+    Local, but every rank must call it at the same point of its program (before the requests it
+    is meant for are queued), or ranks would cut the same requests differently: see
+    :mod:`hpcrep.tensorflow.autotune`. Starts the communicator's thread if it has none
+    (collective then, as :func:`engine`).
+    """
+    _library().tune(engine(communicator), fusion_bytes, chunk_bytes)
+
+
 def begin_join(communicator: Any) -> None:
     """Let ``communicator``'s thread take part, with zeros, in allreduces the active ranks run.
 

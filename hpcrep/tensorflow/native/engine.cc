@@ -35,6 +35,7 @@ double Now() {
 Engine::Engine(MPI_Comm comm, const EngineSettings& settings) : comm_(comm), settings_(settings) {
   MPI_Comm_size(comm_, &size_);
   MPI_Comm_rank(comm_, &rank_);
+  tuned_fusion_.store(settings_.fusion_bytes);
   thread_ = std::thread([this] { Loop(); });
 }
 

@@ -67,7 +67,9 @@ void Engine::Execute(const Offer& offer, const Agreement& agreement) {
 }
 
 // Reduce the agreed requests: consecutive ones of one dtype and reduction are fused into one
-// MPI_Allreduce up to the fusion threshold; a request bigger than that is reduced in place.
+// MPI_Allreduce up to the fusion threshold of the group's first request (each request carries
+// the one it was traced with, or the tuned one: equal on every rank); a request bigger than
+// that is reduced in place.
 void Engine::Reduce(const Batch& batch) {
   cycles_.fetch_add(1);  // counted before any request finishes, so waiters see them
   reduced_.fetch_add(static_cast<int64_t>(batch.size()));
@@ -78,7 +80,7 @@ void Engine::Reduce(const Batch& batch) {
     while (j < batch.size() && batch[j]->dtype == batch[i]->dtype &&
            batch[j]->kind == batch[i]->kind &&
            bytes + static_cast<int64_t>(batch[j]->buffer.TotalBytes()) <=
-               settings_.fusion_bytes) {
+               batch[i]->fusion_bytes) {
       bytes += batch[j]->buffer.TotalBytes();
       ++j;
     }

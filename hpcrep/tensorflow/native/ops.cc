@@ -39,6 +39,8 @@ class StartOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("signature", &signature_));
     OP_REQUIRES_OK(c, c->GetAttr("description", &description_));
     OP_REQUIRES_OK(c, c->GetAttr("chunk_bytes", &chunk_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr("fusion_bytes", &fusion_bytes_));
+    OP_REQUIRES_OK(c, c->GetAttr("tuned", &tuned_));
     std::string match_name;
     OP_REQUIRES_OK(c, c->GetAttr("match_name", &match_name));
     // The name the engine matches requests by when ranks queue them in different orders: the
@@ -92,7 +94,13 @@ class StartOp : public OpKernel {
     request->signature = static_cast<int64_t>(sig);
     request->name_key = name_key_;
     request->description = description_;
-    request->chunk_bytes = chunk_bytes_;
+    if (tuned_) {  // autotune: what the engine was last told (Engine::Tune)
+      request->chunk_bytes = engine->TunedChunk();
+      request->fusion_bytes = engine->TunedFusion();
+    } else {
+      request->chunk_bytes = chunk_bytes_;
+      request->fusion_bytes = fusion_bytes_ >= 0 ? fusion_bytes_ : engine->settings().fusion_bytes;
+    }
     request->spin_micros = engine->settings().spin_micros;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(dtype_, TensorShape({length}), &request->buffer));
     char* base = static_cast<char*>(request->buffer.data());
@@ -126,6 +134,8 @@ class StartOp : public OpKernel {
   int64_t pre_bits_, post_bits_, signature_;
   std::string description_;
   int64_t chunk_bytes_ = 0;
+  int64_t fusion_bytes_ = -1;
+  bool tuned_ = false;
   int64_t name_key_ = 0;
 };
 
@@ -208,6 +218,8 @@ REGISTER_OP("HpcrepAllreduceStart")
     .Attr("signature: int")
     .Attr("description: string")
     .Attr("chunk_bytes: int = 0")  // HPCREP_ALLREDUCE_CHUNK when the function traced
+    .Attr("fusion_bytes: int = -1")  // HPCREP_FUSION_THRESHOLD then; -1: the engine's setting
+    .Attr("tuned: bool = false")  // take both from the engine's autotuner instead (Engine::Tune)
     .Attr("match_name: string = ''")  // what ranks match by (engine.h); '': the node's name
     .SetIsStateful()
     .SetShapeFn(tensorflow::shape_inference::ScalarShape);
