@@ -12,6 +12,13 @@ so cells are compared through their ratio to their own job's raw allreduce as we
 
 A variant is ``hvd.grouped_allreduce`` of ResNet-50's 214 gradient arrays (102 MB) inside a
 ``tf.function``, every result consumed in the graph, as a training step would.
+
+A last job sets the autotuner (``HPCREP_AUTOTUNE``, :mod:`hpcrep.comm.autotune`) beside the
+sweep's best cell: the same gradients through the optimizers' exchange
+(:class:`hpcrep.tensorflow.gradients.GradientReducer`, Sum; 3-4 ms slower than the bare
+``grouped_allreduce`` on one node) with the tuner on, run alone until it settles (the steps it
+took are reported), then frozen and timed in interleaved rounds beside the best cell and the
+defaults through the same exchange, each traced as a user would set them.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -75,6 +83,70 @@ def worker(quick: bool) -> dict:
             "chunks": {str(c): _figures(timed[f"chunk_{c}"]) for c in CHUNKS}}
 
 
+def autotune_worker(best_threshold: int, best_chunk: int, quick: bool) -> dict:
+    """Let the autotuner settle on ResNet-50's gradient exchange, then time it beside the
+    sweep's best cell and the defaults; return rank 0's results (others return {}).
+
+    Collective: every rank of the job must call this.
+    """
+    from mpi4py import MPI  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+    hvd.init()
+    import tensorflow as tf  # noqa: PLC0415
+
+    from bench.allreduce import resnet50_gradients, with_env  # noqa: PLC0415
+    from bench.timing import time_rounds  # noqa: PLC0415
+    from hpcrep.tensorflow import autotune  # noqa: PLC0415
+    from hpcrep.tensorflow.gradients import GradientReducer  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD
+    tensors = [tf.constant(g) for g in resnet50_gradients(comm.Get_rank())]
+
+    def consumed(reduce: Any) -> Any:
+        return tf.function(lambda ts: tf.add_n([tf.reshape(t, [-1])[0] for t in reduce(ts)]))
+
+    def exchange(ts: Any) -> Any:
+        return GradientReducer(op=hvd.Sum).reduce(ts)
+
+    # All three through the optimizers' exchange (what training runs), traced with their settings.
+    fixed = consumed(exchange)
+    best_fn = with_env("HPCREP_ALLREDUCE_CHUNK", str(best_chunk), with_env(
+        "HPCREP_FUSION_THRESHOLD", str(best_threshold), consumed(exchange)))
+    tuned_fn = with_env("HPCREP_AUTOTUNE", "1", consumed(exchange))
+    limit = 400
+    settle = []
+    for _ in range(limit):  # alone, as in training, until rank 0's search settles
+        start = time.perf_counter()
+        tuned_fn(tensors).numpy()
+        settle.append((time.perf_counter() - start) * 1e3)
+        tuner = autotune.current()
+        done = comm.bcast(bool(tuner.search.settled) if tuner.search is not None else None)
+        if done:
+            break
+    autotune.freeze()
+    tuner = autotune.current()
+    steps = {"default": lambda: fixed(tensors).numpy(),
+             "best_fixed": lambda: best_fn(tensors).numpy(),
+             "autotuned": lambda: tuned_fn(tensors).numpy()}
+    rounds, per_round = (3, 3) if quick else (5, 5)
+    timed = time_rounds(steps, rounds, per_round, items_per_step=1.0)
+    if comm.Get_rank() != 0:
+        return {}
+    search = tuner.search
+    chosen = search.best[0] if search.settled else search.current
+    return {"ranks": comm.Get_size(), "best_threshold": best_threshold, "best_chunk": best_chunk,
+            "settled": bool(search.settled), "settle_steps": len(settle), "limit": limit,
+            "settle_seconds": sum(settle) / 1e3, "settle_ms": settle,
+            "chosen": {"threshold": chosen.fusion, "chunk": chosen.chunk},
+            "trials": [{"step": t.step, "threshold": t.setting.fusion, "chunk": t.setting.chunk,
+                        "ms": t.score * 1e3} for t in search.trials],
+            "warmup": search.warmup, "measure": search.measure,
+            "rounds": rounds, "steps_per_round": per_round,
+            **{name: _figures(timed[name]) for name in steps}}
+
+
 def _figures(t: dict) -> dict:
     return {"ms": t["step_ms"], "ms_min": t["step_ms_min"], "ms_max": t["step_ms_max"]}
 
@@ -101,6 +173,12 @@ def run(ranks: int, out_dir: str, quick: bool = False, cluster: Any = None) -> d
         report["jobs"][str(threshold)] = worker_job(launch, ranks, "bench.allreduce_sweep",
                                                     ["--quick"] if quick else [], env)
     report["best"] = best(report)
+    b = report["best"]
+    env = mpirun_env()
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    report["autotune"] = worker_job(
+        launch, ranks, "bench.allreduce_sweep",
+        ["--autotune", f"{b['threshold']},{b['chunk']}", *(["--quick"] if quick else [])], env)
     with open(os.path.join(out_dir, "allreduce_sweep.json"), "w") as f:
         json.dump(report, f, indent=2)
     with open(os.path.join(out_dir, "allreduce_sweep.md"), "w") as f:
@@ -158,7 +236,37 @@ def render_markdown(report: dict) -> str:
         lines.append(f"hpcrep's defaults ({_mib(b['default_threshold'])}, "
                      f"{_mib(b['default_chunk'])}): {b['default_ms']:.1f} ms, "
                      f"{b['default_over_best']:.2f}x the best cell.")
+    if report.get("autotune"):
+        lines += [""] + _autotune_lines(report["autotune"])
     return "\n".join(lines) + "\n"
+
+
+def _autotune_lines(a: dict) -> list[str]:
+    """The autotune job's section: what it chose, after how many steps, and its time beside the
+    best cell's and the defaults' in the same job."""
+    def cell(name: str) -> str:
+        f = a[name]
+        return f"{f['ms']:.1f} [{f['ms_min']:.1f}-{f['ms_max']:.1f}]"
+
+    settled = (f"settled after {a['settle_steps']} steps ({a['settle_seconds']:.0f} s; "
+               f"{len(a['trials'])} settings timed, {a['warmup']} + {a['measure']} steps each)"
+               if a["settled"] else f"had not settled after {a['settle_steps']} steps")
+    chosen = a["chosen"]
+    return [
+        "## Autotune (HPCREP_AUTOTUNE) beside the best cell", "",
+        f"One more job: the same gradients through the optimizers' exchange (GradientReducer, "
+        f"as training runs it) with the tuner on, run alone until it settled, then frozen and "
+        f"timed in interleaved rounds beside the best cell and the defaults through the same "
+        f"exchange (each traced as a user sets them). The tuner {settled} "
+        f"on fusion {_mib(chosen['threshold'])}, pieces {_mib(chosen['chunk'])}.", "",
+        "| variant | ms | over the best cell |", "|---|---:|---:|",
+        f"| best cell ({_mib(a['best_threshold'])}, {_mib(a['best_chunk'])}) | "
+        f"{cell('best_fixed')} | 1.00x |",
+        f"| autotuned | {cell('autotuned')} | "
+        f"{a['autotuned']['ms'] / a['best_fixed']['ms']:.2f}x |",
+        f"| defaults | {cell('default')} | {a['default']['ms'] / a['best_fixed']['ms']:.2f}x |",
+        "", "The tuner's timed settings (median step ms): " + "; ".join(
+            f"{_mib(t['threshold'])}/{_mib(t['chunk'])} {t['ms']:.0f}" for t in a["trials"]) + "."]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -168,8 +276,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.allreduce_sweep")
     parser.add_argument("--worker", metavar="JSON", required=True)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--autotune", metavar="THRESHOLD,CHUNK", default=None,
+                        help="the autotuner's job, beside this best cell")
     args = parser.parse_args(argv)
-    results = worker(args.quick)
+    if args.autotune:
+        threshold, chunk = (int(v) for v in args.autotune.split(","))
+        results = autotune_worker(threshold, chunk, args.quick)
+    else:
+        results = worker(args.quick)
     if results:
         with open(args.worker, "w") as f:
             json.dump(results, f)

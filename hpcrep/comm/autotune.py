@@ -13,7 +13,8 @@ Two layers, no TensorFlow here:
 - :class:`Search` is rank 0's side and pure: fed one step period at a time, it answers at each
   boundary with a :class:`Decision` (the setting to use and how many steps until the next
   boundary). A search times the starting setting, then every piece size at its threshold, every
-  threshold at the best piece size, every piece size at the best threshold, each for
+  threshold (from the starting one up) at the best piece size, every piece size at the best
+  threshold, each for
   ``warmup`` + ``measure`` steps (the median of the last ``measure`` periods is its score), and
   settles on the best; settled, it compares the median of each ``window`` steps with the best
   score and searches again after two windows more than ``drift`` slower.
@@ -92,6 +93,10 @@ class Search:
                              f"drift > 0 (got {warmup}, {measure}, {window}, {drift})")
         self.warmup, self.measure, self.window, self.drift = warmup, measure, window, drift
         self.log = log or (lambda line: None)
+        # The buckets are traced at the starting threshold; the engine can fuse them into larger
+        # buffers (a copy in and out), never cut them smaller, so smaller thresholds are not
+        # choices.
+        self.fusion_choices = [f for f in FUSION_CHOICES if f >= start.fusion] or [start.fusion]
         self.trials: list[Trial] = []       # every timed setting, all searches
         self.searches = 0
         self.settled_at: Optional[int] = None  # step of the last settlement
@@ -159,7 +164,7 @@ class Search:
         piece size; 3: every piece size at the best threshold."""
         best = min(self._scores, key=self._scores.__getitem__)
         if self._phase == 2:
-            return [Setting(f, best.chunk) for f in FUSION_CHOICES]
+            return [Setting(f, best.chunk) for f in self.fusion_choices]
         return [Setting(best.fusion, c) for c in CHUNK_CHOICES]
 
     def _settle(self) -> Decision:

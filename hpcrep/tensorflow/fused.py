@@ -177,12 +177,12 @@ def _compiled_allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: fl
     engine = native.engine(communicator)
     ops = native.ops()
     static = all(t.shape.is_fully_defined() for t in tensors)
-    # Tuned (the gradient exchange under HPCREP_AUTOTUNE): small buckets, which the engine fuses
-    # up to the tuned threshold and cuts into the tuned pieces when they are queued.
+    # Tuned (the gradient exchange under HPCREP_AUTOTUNE): the engine fuses the buckets up to the
+    # tuned threshold and cuts them into the tuned pieces when they are queued.
     tuned = autotune.in_tuned_scope()
     threshold = int(config.get("HPCREP_FUSION_THRESHOLD"))
     if static:
-        buckets = fusion.plan(_layout(tensors), autotune.PLAN_BYTES if tuned else threshold)
+        buckets = fusion.plan(_layout(tensors), threshold)
         groups = [[s.index for s in b.slots] for b in buckets]
     else:  # sizes known only when the step runs: one bucket per dtype
         by_dtype: dict[str, list[int]] = {}

@@ -16,9 +16,9 @@ STEPS = 24
 
 
 def train(steps: int) -> np.ndarray:
-    """Train a 3-layer MLP (600 x 600 kernels: 1.44 MB each, so the 1 MiB plan gives buckets
-    that the engine can fuse or cut) for ``steps`` steps of rank-dependent data; return its
-    weights, flattened."""
+    """Train a 3-layer MLP (600 x 600 kernels, 1.44 MB each: traced at a 1 MiB threshold, one
+    bucket each, which the engine can fuse or cut) for ``steps`` steps of rank-dependent data;
+    return its weights, flattened."""
     init = np.random.default_rng(7)
     ws = [tf.Variable(init.normal(0, 0.05, (600, 600)).astype(np.float32)) for _ in range(3)]
     data = np.random.default_rng(hvd.rank())
@@ -47,8 +47,9 @@ def test_tuned_training_settles_switches_together_and_keeps_ranks_equal(world, m
         pytest.skip("needs 2 ranks (one rank exchanges nothing)")
     if not native.active():
         pytest.skip("autotune tunes the compiled path, which is off here")
-    plain = train(STEPS)
     log = tmp_path / "autotune.csv"
+    monkeypatch.setenv("HPCREP_FUSION_THRESHOLD", "1MiB")  # so every threshold is a choice
+    plain = train(STEPS)
     for name, value in (("HPCREP_AUTOTUNE", "1"), ("HPCREP_AUTOTUNE_WARMUP", "0"),
                         ("HPCREP_AUTOTUNE_STEPS", "1"), ("HPCREP_AUTOTUNE_WINDOW", "50"),
                         ("HPCREP_AUTOTUNE_LOG", str(log))):

@@ -37,14 +37,25 @@ def test_search_finds_the_best_cell_and_logs_each_setting():
     decision, steps = drive(search, lambda s, _: cost(s), first)
     assert decision.setting == Setting(64 * MIB, 1 * MIB) == search.best[0]
     assert search.best[1] == pytest.approx(0.860)
-    # start, 3 other piece sizes, 4 other thresholds, 3 other piece sizes at 64 MiB: 11 x 7 steps
-    assert len(search.trials) == 11 and steps == 77 and search.settled_at == 77
+    # start, 3 other piece sizes, 2 larger thresholds, 3 other piece sizes at 64 MiB: 9 x 7 steps
+    assert len(search.trials) == 9 and steps == 63 and search.settled_at == 63
     assert {t.setting for t in search.trials} <= {Setting(f, c) for f in FUSION_CHOICES
                                                   for c in CHUNK_CHOICES}
-    assert len(lines) == 12 and "settled on fusion 64 MiB, pieces 1 MiB" in lines[-1]
+    assert len(lines) == 10 and "settled on fusion 64 MiB, pieces 1 MiB" in lines[-1]
     assert "1.45x the search's starting setting (fusion 16 MiB, pieces 4 MiB: 1250.0 ms)" \
         in lines[-1]
     assert lines[0] == "step 7: fusion 16 MiB, pieces 4 MiB: 1250.0 ms per step"
+
+
+def test_thresholds_below_the_traced_one_are_not_tried():
+    """The buckets are traced at the starting threshold: the engine can fuse them, not cut
+    them, so a smaller threshold would be timed as the starting one."""
+    search = Search(Setting(64 * MIB, 4 * MIB), warmup=0, measure=1)
+    drive(search, lambda s, _: cost(s), search.first())
+    assert {t.setting.fusion for t in search.trials} == {64 * MIB, 256 * MIB}
+    small = Search(Setting(1 * MIB, 4 * MIB), warmup=0, measure=1)
+    drive(small, lambda s, _: cost(s), small.first())
+    assert {t.setting.fusion for t in small.trials} == set(FUSION_CHOICES)
 
 
 def test_warmup_steps_are_not_scored():
