@@ -18,6 +18,10 @@ the backward pass, side by side in one MPI job.
   against float32;
 - ``hpcrep_no_chunk``: the defaults with ``HPCREP_ALLREDUCE_CHUNK=0`` (each bucket in one
   ``MPI_Allreduce`` instead of pieces of at most 4 MiB);
+- ``hpcrep_autotuned``: the defaults with ``HPCREP_AUTOTUNE=1``: before the timed repetitions
+  it trains alone until the tuner has settled (the steps it took and the setting it chose are
+  reported), then the tuner is frozen so that the other variants' steps never enter its
+  measurements;
 - ``horovod``: ``horovod.tensorflow.grouped_allreduce`` of the gradients (its
   ``DistributedGradientTape`` fails on Keras 3 variables), when ``make peers`` has built Horovod
   into ``.venv-peers``.
@@ -91,6 +95,8 @@ def _variants(model: Any, images: Any, labels: Any, group: str) -> dict[str, Cal
            for r in POWERSGD_RANKS},
         **{f"powersgd{r}_compute": _powersgd_compute(variables, r) for r in POWERSGD_RANKS},
         "hpcrep_no_chunk": with_env("HPCREP_ALLREDUCE_CHUNK", "0", optimizer_step(
+            hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
+        "hpcrep_autotuned": with_env("HPCREP_AUTOTUNE", "1", optimizer_step(
             hvd.DistributedOptimizer(keras.optimizers.SGD(0.001)))),
         # for the report's ceilings, not training steps: the forward pass and loss alone, and
         # the exchange alone (the gradients' bytes through the same engine, no compute)
@@ -195,6 +201,8 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
     for fn in variants.values():  # trace and warm up
         fn()
         fn().numpy()
+    tuned = settle_autotune(variants["hpcrep_autotuned"]) if "hpcrep_autotuned" in variants \
+        else None
     times: dict[str, list[float]] = {k: [] for k in variants}
     busy: dict[str, list[float]] = {k: [] for k in variants}
     cores = 0
@@ -222,8 +230,37 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
             "ranks": hvd.size(), "hosts": sorted(set(comm.allgather(platform.node()))),
             "threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "native": native.status()[1], "gradient_bytes": grads_bytes,
-            "powersgd_bytes": powersgd_bytes(model.trainable_variables),
+            "powersgd_bytes": powersgd_bytes(model.trainable_variables), "autotune": tuned,
             "image_size": image_size, "batch": batch, "steps": steps, "reps": reps}
+
+
+def settle_autotune(step: Callable[[], Any], limit: int = 300) -> Optional[dict]:
+    """Run ``step`` (a training step traced with ``HPCREP_AUTOTUNE=1``) until rank 0's tuner
+    settles or ``limit`` steps have run, then freeze the tuner; return what it did (rank 0; None
+    elsewhere, or without the compiled path). Collective."""
+    from hpcrep import comm as hcomm  # noqa: PLC0415
+    from hpcrep.tensorflow import autotune  # noqa: PLC0415
+
+    comm = hcomm.comm()
+    start = time.perf_counter()
+    steps = 0
+    while steps < limit:
+        step().numpy()
+        steps += 1
+        tuner = autotune.current()
+        search = tuner.search if tuner is not None else None
+        if comm.bcast(search is not None and search.settled):
+            break
+    autotune.freeze()
+    tuner = autotune.current()
+    if tuner is None or tuner.search is None:
+        return None
+    search = tuner.search
+    chosen = search.best[0] if search.settled else search.current
+    return {"settled": search.settled, "steps": steps, "seconds": time.perf_counter() - start,
+            "threshold": chosen.fusion, "chunk": chosen.chunk,
+            "trials": [{"step": t.step, "threshold": t.setting.fusion, "chunk": t.setting.chunk,
+                        "ms": t.score * 1e3} for t in search.trials]}
 
 
 POWERSGD_RANKS = (2, 4)
@@ -265,6 +302,18 @@ def render_markdown(report: dict) -> str:
             f"rank {r}: {b / 1e6:.2f} MB ({b / report['gradient_bytes']:.3f} of float32)"
             for r, b in sent.items()) + " (two allreduces of factors and the uncompressed "
             "vectors)."]
+    tuned = report.get("autotune")
+    if tuned:
+        from hpcrep.comm.autotune import Setting  # noqa: PLC0415
+
+        state = (f"settled after {tuned['steps']} training steps ({tuned['seconds']:.0f} s, "
+                 f"{len(tuned['trials'])} settings timed)" if tuned["settled"] else
+                 f"had not settled after {tuned['steps']} steps")
+        lines += ["", f"hpcrep_autotuned: the tuner {state} on "
+                  f"{Setting(tuned['threshold'], tuned['chunk'])}, then was frozen for the "
+                  "timed repetitions. Its timed settings (median step ms): " + "; ".join(
+                      f"{Setting(t['threshold'], t['chunk'])}: {t['ms']:.0f}"
+                      for t in tuned["trials"]) + "."]
     probes = [f"{name} {report['step_ms'][name]:.0f} ms ({_ms(busy.get(name))} ms of CPU)"
               for name in PROBES if name in report["step_ms"]]
     if probes:

@@ -41,3 +41,22 @@ def test_the_tables_have_a_row_per_threshold_and_a_column_per_piece_size():
     assert "60.0 [59.0-61.0]" in md and "1.50x" in md
     assert "Best cell: fusion threshold 1 MiB, pieces whole bucket: 40.0 ms." in md
     assert "hpcrep's defaults (16 MiB, 4 MiB): 44.2 ms, 1.11x the best cell." in md
+
+
+def test_the_autotune_section_sets_the_tuner_beside_the_best_cell():
+    report = fake_report(lambda t, c: 50.0)
+    cell = {"ms_min": 1.0, "ms_max": 2.0}
+    report["autotune"] = {
+        "best_threshold": 256 << 20, "best_chunk": 1 << 20, "settled": True, "settle_steps": 43,
+        "settle_seconds": 6.2, "chosen": {"threshold": 16 << 20, "chunk": 1 << 20},
+        "warmup": 2, "measure": 5, "trials": [
+            {"step": 7, "threshold": 16 << 20, "chunk": 4 << 20, "ms": 68.0},
+            {"step": 14, "threshold": 16 << 20, "chunk": 1 << 20, "ms": 60.0}],
+        "best_fixed": {"ms": 58.0, **cell}, "autotuned": {"ms": 60.9, **cell},
+        "default": {"ms": 69.6, **cell}}
+    md = render_markdown(report)
+    assert "settled after 43 steps (6 s; 2 settings timed, 2 + 5 steps each) on fusion 16 MiB, " \
+        "pieces 1 MiB" in md
+    assert "| autotuned | 60.9 [1.0-2.0] | 1.05x |" in md
+    assert "| defaults | 69.6 [1.0-2.0] | 1.20x |" in md
+    assert "16 MiB/4 MiB 68; 16 MiB/1 MiB 60." in md
