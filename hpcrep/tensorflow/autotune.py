@@ -8,8 +8,8 @@ buckets: a ``tf.numpy_function`` that runs :meth:`hpcrep.comm.autotune.StepTuner
 traced inside :func:`tuned_scope`: planned at ``HPCREP_FUSION_THRESHOLD`` as always and marked
 ``tuned``, so the engine fuses them up to the tuned threshold (never below the traced one) and
 cuts them into the tuned pieces. (Planning small buckets so that the tuner could choose small
-thresholds cost more than it could win on one node: 100 buckets of 1 MiB made ResNet-50's
-exchange 10-15 ms slower than 8 of 16 MiB, and fusing them again costs two copies.)
+thresholds cost more than it could win on one node: 1 MiB buckets made ResNet-50's exchange
+10-15 ms slower than 16 MiB ones, and fusing them again costs a copy in and out.)
 
 The tick depends on the step's first gradient, so it runs after the
 previous step's exchange has finished on this rank and before any of this step's is queued: on
