@@ -12,6 +12,9 @@ from the repository's top directory) at 1 and 4 ranks over several seeds, and ch
   steps: mean Frechet distance (:mod:`bench.fid`: features of a small classifier the project
   trains and caches) of the samples to the test set lower or equal at the larger batch. The
   metric's own noise is measured by scoring real training images the same way.
+- **powersgd**: the resnet experiment's job at 4 ranks, uncompressed against
+  ``--compression powersgd:R`` (``--powersgd-rank``, default 2; PowerSGD with error feedback,
+  no warm-up): mean test accuracy with PowerSGD within ``--tolerance`` of uncompressed, or above.
 - **d4pg**: 1 actor against 4 actors (one per rank), ``Pendulum-v1`` or the Control Suite's
   ``cartpole/swingup`` (scale ``full``): median wall-clock seconds
   until the mean of the last ``WINDOW`` episode returns (averaged over actors) reaches the
@@ -37,7 +40,7 @@ from typing import Any, Optional
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPERIMENTS = ("resnet", "sngan", "d4pg")
+EXPERIMENTS = ("resnet", "sngan", "d4pg", "powersgd")
 WINDOW = 3  # episodes averaged for the D4PG threshold
 
 # Per scale: job arguments (besides ranks, seed and outputs), seeds and thresholds. "small" is
@@ -82,11 +85,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=4, help="the scaled-out run's rank count")
     parser.add_argument("--tolerance", type=float, default=0.005,
                         help="ResNet: accuracy the larger run may lose (0.005 = 0.5 points)")
-    for name in EXPERIMENTS:
+    for name in ("resnet", "sngan", "d4pg"):  # the jobs (powersgd runs resnet's)
         parser.add_argument(f"--{name}-args", default="", metavar="ARGS",
                             help=f"more jobs.{name} options, after the scale's (the last of a "
                                  "repeated option wins), e.g. --resnet-args='--epochs 8'")
     parser.add_argument("--d4pg-threshold", type=float, help="D4PG return threshold")
+    parser.add_argument("--powersgd-rank", type=int, default=2,
+                        help="powersgd: the PowerSGD rank of the compressed runs")
     parser.add_argument("--fid-cache", help="where the FID classifier is stored "
                         "(default $XDG_CACHE_HOME/hpcrep or ~/.cache/hpcrep)")
     parser.add_argument("--out", help="report directory (default reports/convergence-<time>)")
@@ -215,6 +220,34 @@ def run_resnet(args, scale: dict, seeds: list[int], out: str) -> dict:
                       "passed": bool(passed)}}
 
 
+def run_powersgd(args, scale: dict, seeds: list[int], out: str) -> dict:
+    """ResNet at ``args.ranks`` ranks, uncompressed and with PowerSGD: accuracy claim."""
+    job_args = RESNET_FIXED + job_options(args, scale, "resnet")
+    spec = f"powersgd:{args.powersgd_rank}"
+    runs: dict[str, list[dict]] = {}
+    for kind in ("none", spec):
+        for seed in seeds:
+            runs.setdefault(kind, []).append(run_job(
+                "jobs.resnet", args.ranks, job_args + ["--seed", str(seed), "--compression", kind],
+                out, f"powersgd-{kind.replace(':', '')}-r{args.ranks}-s{seed}", args.timeout))
+    acc = {kind: stats([x.get("accuracy") for x in v]) for kind, v in runs.items()}
+    plain, compressed = acc["none"], acc[spec]
+    gap = (None if plain["mean"] is None or compressed["mean"] is None
+           else compressed["mean"] - plain["mean"])
+    passed = (gap is not None and plain["n"] == compressed["n"] == len(seeds)
+              and gap >= -args.tolerance)
+    se = (None if gap is None or len(seeds) < 2
+          else float(np.sqrt(plain["std"] ** 2 / plain["n"]
+                             + compressed["std"] ** 2 / compressed["n"])))
+    return {"runs": runs, "accuracy": acc,
+            "claim": {"text": f"test accuracy at {args.ranks} ranks with PowerSGD rank "
+                              f"{args.powersgd_rank} within {100 * args.tolerance:.1f} points of "
+                              f"uncompressed, at equal steps",
+                      "gap_points": None if gap is None else 100 * gap,
+                      "gap_standard_error_points": None if se is None else 100 * se,
+                      "passed": bool(passed)}}
+
+
 def run_sngan(args, scale: dict, seeds: list[int], out: str) -> dict:
     """SN-GAN at global batch 32 (1 rank) and 32 x N (N ranks), equal generator steps: FID."""
     from bench import fid  # noqa: PLC0415
@@ -296,7 +329,7 @@ def _finite_or_none(x: float) -> Optional[float]:
     return float(x) if np.isfinite(x) else None
 
 
-RUNNERS = {"resnet": run_resnet, "sngan": run_sngan, "d4pg": run_d4pg}
+RUNNERS = {"resnet": run_resnet, "sngan": run_sngan, "d4pg": run_d4pg, "powersgd": run_powersgd}
 
 
 def verdict(claim: dict) -> str:
@@ -319,12 +352,14 @@ def render(report: dict) -> str:
              ""]
     for name, e in report["experiments"].items():
         lines += [f"## {name}: the claim {verdict(e['claim'])}", "", e["claim"]["text"] + ".", ""]
-        if name == "resnet":
+        if name in ("resnet", "powersgd"):
             for r, s in e["accuracy"].items():
-                lines.append(f"- {r} rank(s): test accuracy (%) {_fmt(s, 100)}")
+                what = f"{r} rank(s)" if name == "resnet" else f"compression {r}"
+                lines.append(f"- {what}: test accuracy (%) {_fmt(s, 100)}")
             gap, se = e["claim"]["gap_points"], e["claim"]["gap_standard_error_points"]
             if gap is not None:
-                lines.append(f"- gap (N ranks - 1 rank): {gap:+.2f} points"
+                which = "N ranks - 1 rank" if name == "resnet" else "PowerSGD - uncompressed"
+                lines.append(f"- gap ({which}): {gap:+.2f} points"
                              + (f", standard error {se:.2f}" if se is not None else ""))
         elif name == "sngan":
             for r, s in e["fid"].items():
@@ -355,7 +390,7 @@ def _median_text(seconds: Optional[float]) -> str:
 def _run_figure(name: str, run: dict) -> str:
     if "error" in run:
         return "error: " + run["error"]
-    if name == "resnet":
+    if name in ("resnet", "powersgd"):
         return f"accuracy {run['accuracy']:.4f}"
     if name == "sngan":
         return f"FID {run['fid']:.3f}" if "fid" in run else "no samples"

@@ -41,6 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train-examples", type=int, default=0, help="use the first N (0: all)")
     p.add_argument("--test-examples", type=int, default=2000)
     p.add_argument("--sync", choices=list(MODES), default="hpcrep")
+    p.add_argument("--compression", default="none", metavar="KIND",
+                   help="training (--sync hpcrep): none, fp16, powersgd:R or powersgd:R:W "
+                        "(PowerSGD rank R, W uncompressed warm-up steps)")
     p.add_argument("--min-accuracy", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0,
                    help="seeds Python, NumPy, TensorFlow and Keras (plus the rank)")
@@ -83,7 +86,6 @@ def train(args: argparse.Namespace) -> int:
     import keras  # noqa: PLC0415
 
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
-    from bench.variants import variant  # noqa: PLC0415
     from jobs.resnet import model as resnet  # noqa: PLC0415
 
     rank, size = hvd.rank(), hvd.size()
@@ -95,7 +97,7 @@ def train(args: argparse.Namespace) -> int:
         x = rng.random((args.batch * 8, args.image_size, args.image_size, 3), np.float32)
         y = rng.integers(0, 10, len(x))
         xt, yt = x[:args.batch], y[:args.batch]
-    clf, peak = build(args, size, 10, variant(args.sync).DistributedGradientTape)
+    clf, peak = build(args, size, 10, tape_with_compression(args))
     hvd.broadcast_variables(clf.variables, root_rank=0)
     steps_per_epoch = len(x) // args.batch
     warmup_steps = int(args.warmup_epochs * steps_per_epoch)
@@ -114,11 +116,33 @@ def train(args: argparse.Namespace) -> int:
     agree = weights_agree(clf.model.trainable_variables)
     result = {"accuracy": accuracy, "weights_agree": agree, "steps": step,
               "first_loss": losses[0], "last_loss": float(np.mean(losses[-10:])),
-              "seconds": time.time() - start, "ranks": size}
+              "seconds": time.time() - start, "ranks": size, "compression": args.compression}
     if rank == 0:
         print(json.dumps(result), flush=True)
     write_result(args.result_json, result)
     return 0 if accuracy >= args.min_accuracy and agree else 1
+
+
+def tape_with_compression(args: argparse.Namespace):
+    """The ``DistributedGradientTape`` of ``--sync``, with ``--compression`` (hpcrep only): one
+    compression object for the whole run, since PowerSGD keeps its state in it. Local."""
+    import functools  # noqa: PLC0415
+
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+    from bench.variants import variant  # noqa: PLC0415
+    from hpcrep import config  # noqa: PLC0415
+
+    try:
+        kind, rank, warmup = config.SETTINGS["HPCREP_COMPRESSION"].parse(args.compression)
+    except ValueError as exc:
+        raise SystemExit(f"jobs.resnet: --compression {args.compression!r}: {exc}") from None
+    if kind == "none":
+        return variant(args.sync).DistributedGradientTape
+    if args.sync != "hpcrep":
+        raise SystemExit(f"jobs.resnet: --compression needs --sync hpcrep (got {args.sync})")
+    compression = (hvd.Compression.fp16 if kind == "fp16"
+                   else hvd.Compression.powersgd(rank, warmup_steps=warmup))
+    return functools.partial(hvd.DistributedGradientTape, compression=compression)
 
 
 def bench(args: argparse.Namespace, modes: list[str]) -> int:

@@ -33,3 +33,42 @@ def test_option_reads_the_last_value_as_argparse_does():
     assert option(args, "--batch", "1") == "64"
     assert option(args, "--epochs", "1") == "8"
     assert option(args, "--samples", "2000") == "2000"
+
+
+def test_powersgd_claim_compares_compressed_with_uncompressed_at_equal_ranks(tmp_path,
+                                                                             monkeypatch):
+    """The powersgd experiment runs jobs.resnet at N ranks with and without --compression, one
+    job per seed, and holds when PowerSGD's mean accuracy is at most --tolerance below."""
+    import argparse
+
+    from bench import convergence
+
+    accuracy = {("none", 0): 0.900, ("none", 1): 0.904, ("powersgd:2", 0): 0.897,
+                ("powersgd:2", 1): 0.899}
+    calls = []
+
+    def fake_run_job(module, ranks, job_args, out, label, timeout):
+        kind = job_args[job_args.index("--compression") + 1]
+        seed = int(job_args[job_args.index("--seed") + 1])
+        calls.append((module, ranks, kind, seed, label))
+        return {"label": label, "command": "x", "wall_seconds": 1.0,
+                "accuracy": accuracy[(kind, seed)]}
+
+    monkeypatch.setattr(convergence, "run_job", fake_run_job)
+    args = argparse.Namespace(ranks=4, tolerance=0.005, powersgd_rank=2, resnet_args="",
+                              timeout=60)
+    result = convergence.run_powersgd(args, convergence.SCALES["small"], [0, 1], str(tmp_path))
+    assert [c[:4] for c in calls] == [("jobs.resnet", 4, "none", 0), ("jobs.resnet", 4, "none", 1),
+                                      ("jobs.resnet", 4, "powersgd:2", 0),
+                                      ("jobs.resnet", 4, "powersgd:2", 1)]
+    assert calls[2][4] == "powersgd-powersgd2-r4-s0"
+    assert result["claim"]["gap_points"] == pytest.approx(-0.4)
+    assert result["claim"]["passed"]
+    accuracy[("powersgd:2", 1)] = 0.889  # mean 0.893: 0.9 points below
+    assert not convergence.run_powersgd(args, convergence.SCALES["small"], [0, 1],
+                                        str(tmp_path))["claim"]["passed"]
+    md = convergence.render({"scale": "small", "command": "c", "created": "t", "seeds": [0, 1],
+                             "ranks": [1, 4], "machine": {"cores": 2, "cpu": "x"},
+                             "experiments": {"powersgd": result}})
+    assert "- compression powersgd:2: test accuracy (%) 89.80" in md
+    assert "- gap (PowerSGD - uncompressed): -0.40 points" in md
