@@ -341,11 +341,19 @@ class PowerSGD:
         # through the averages: then every rank keeps its E and Q as they were, instead of
         # carrying inf/NaN into every later step, and the step's own result stays non-finite
         # (so a LossScaleOptimizer skips it everywhere).
+        # A branch, not tf.where over E: the select read the old E and wrote a third matrix,
+        # two of the dozen passes over the gradients' bytes that bound PowerSGD on one core.
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(q)) for q in q_hats])
-        for (j, x), m, p, q in zip(picked, ms, p_hats, q_hats):
-            approx = tf.matmul(p, q, transpose_b=True)
-            x.error.assign(tf.where(finite, m - approx, x.error))
-            x.q.assign(tf.where(finite, q, x.q))
+        approxes = [tf.matmul(p, q, transpose_b=True) for p, q in zip(p_hats, q_hats)]
+
+        def advance() -> tf.Tensor:
+            for (_, x), m, approx, q in zip(picked, ms, approxes, q_hats):
+                x.error.assign(m - approx)
+                x.q.assign(q)
+            return tf.constant(True)
+
+        tf.cond(finite, advance, lambda: tf.constant(False))
+        for (j, x), approx in zip(picked, approxes):
             out[j] = tf.reshape(tf.cast(approx, tensors[j].dtype), x.shape)
         return out
 

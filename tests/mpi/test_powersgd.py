@@ -156,6 +156,37 @@ def test_error_feedback_keeps_the_sum_of_applied_gradients_on_the_true_sum(world
     assert ratio < 5, ratio
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "tf_function"])
+def test_a_non_finite_gradient_on_one_rank_leaves_every_ranks_state_as_it_was(world, traced):
+    """An overflow on the last rank reaches every rank through the averaged factors: the step's
+    result is non-finite everywhere (a LossScaleOptimizer skips it) and every rank keeps its E
+    and Q as they were, so later steps carry no inf/NaN."""
+    me, n = world
+    w = tf.Variable(tf.zeros([12, 10]))
+    psgd = hvd.Compression.powersgd(2)
+    rng = np.random.default_rng([me, 7])
+    reduce = tf.function(reduce_once, autograph=False) if traced else reduce_once
+
+    def upstream(bad: bool) -> tf.Tensor:
+        u = rng.normal(size=(12, 10)).astype(np.float32)
+        if bad and me == n - 1:
+            u[3, 4] = np.inf
+        return tf.constant(u)
+
+    reduce(psgd, [upstream(False)], [w])
+    before = [v.numpy() for v in psgd.rank_local_variables() + psgd.replicated_variables()[1:]]
+    assert np.any(before[0] != 0)  # the first step left an error behind
+    got = reduce(psgd, [upstream(True)], [w])[0].numpy()
+    assert not np.all(np.isfinite(got))
+    after = [v.numpy() for v in psgd.rank_local_variables() + psgd.replicated_variables()[1:]]
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+    assert int(psgd.step.numpy()) == 2  # the step still counts
+    healthy = reduce(psgd, [upstream(False)], [w])[0].numpy()
+    assert np.all(np.isfinite(healthy))
+    same_on_every_rank([healthy] + [v.numpy() for v in psgd.replicated_variables()])
+
+
 def test_warmup_averages_uncompressed_then_switches_at_the_right_step(world):
     me, _ = world
     w = tf.Variable(tf.zeros([12, 9]))
