@@ -222,9 +222,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "switch at the same step, and a drift in step time starts a new search. Logs each "
             "choice on rank 0's stderr. Compiled path only. Must be the same on every rank.",
             same_on_all_ranks=True),
+    Setting("HPCREP_AUTOTUNE_COMPRESSION", _parse_bool, False,
+            "With HPCREP_AUTOTUNE: let the tuner also try float32 gradients sent and summed as "
+            "float16 (as Compression.fp16; it changes results beyond summation order, so off "
+            "unless allowed), and keep it if steps are faster. Must be the same on every rank.",
+            same_on_all_ranks=True),
     Setting("HPCREP_AUTOTUNE_LOG", str, "",
             "With HPCREP_AUTOTUNE: a CSV file (rank 0 writes it) with every timed setting: step, "
-            "fusion bytes, piece bytes, median step ms. Empty: none."),
+            "fusion bytes, piece bytes, fp16 (0/1), median step ms. Empty: none."),
     Setting("HPCREP_AUTOTUNE_WARMUP", int, 2,
             "With HPCREP_AUTOTUNE: steps after each change of setting that are not timed."),
     Setting("HPCREP_AUTOTUNE_STEPS", int, 5,

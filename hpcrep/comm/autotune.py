@@ -16,10 +16,11 @@ Two layers, no TensorFlow here:
   threshold (from the starting one up) at the best piece size, every piece size at the best
   threshold, each for
   ``warmup`` + ``measure`` steps (the median of the last ``measure`` periods is its score), and
-  settles on the best; settled, it compares the median of each ``window`` steps with the best
+  settles on the best (with ``allow_fp16``, a fourth phase times the best with float16 on the
+  wire); settled, it compares the median of each ``window`` steps with the best
   score and searches again after two windows more than ``drift`` slower.
 - :class:`StepTuner` runs on every rank, once per training step (:meth:`StepTuner.tick`): it
-  times the step on rank 0 and, at boundaries, shares rank 0's decision with one small Sum
+  times the step on rank 0 and, at boundaries, shares rank 0's decision with one 4-number Sum
   allreduce on the Python path (which ranks waiting in ``join()`` take part in), so every rank
   applies the same setting from the same step on.
 
@@ -47,13 +48,16 @@ def _mib(nbytes: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """A fusion threshold and a piece size, in bytes (piece size 0: no limit)."""
+    """A fusion threshold and a piece size, in bytes (piece size 0: no limit), and whether
+    float32 gradients travel as float16 (only where the user allowed it)."""
 
     fusion: int
     chunk: int
+    fp16: bool = False
 
     def __str__(self) -> str:
-        return f"fusion {_mib(self.fusion)}, pieces {_mib(self.chunk)}"
+        return f"fusion {_mib(self.fusion)}, pieces {_mib(self.chunk)}" + (
+            ", float16 on the wire" if self.fp16 else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,15 +88,19 @@ class Search:
         drift: relative slow-down over the best score that starts a new search (two windows
             running).
         log: called with a line for each timed setting and each settlement.
+        allow_fp16: also time the best setting with float32 gradients sent as float16 (a last
+            phase; it changes results as ``Compression.fp16`` does, so only when allowed).
     """
 
     def __init__(self, start: Setting, warmup: int = 2, measure: int = 5, window: int = 20,
-                 drift: float = 0.15, log: Optional[Callable[[str], None]] = None) -> None:
+                 drift: float = 0.15, log: Optional[Callable[[str], None]] = None,
+                 allow_fp16: bool = False) -> None:
         if warmup < 0 or measure < 1 or window < 1 or drift <= 0:
             raise ValueError(f"autotune needs warmup >= 0, measure >= 1, window >= 1 and "
                              f"drift > 0 (got {warmup}, {measure}, {window}, {drift})")
         self.warmup, self.measure, self.window, self.drift = warmup, measure, window, drift
         self.log = log or (lambda line: None)
+        self.phases = 4 if allow_fp16 else 3
         # The buckets are traced at the starting threshold; the engine can fuse them into larger
         # buffers (a copy in and out), never cut them smaller, so smaller thresholds are not
         # choices.
@@ -151,7 +159,7 @@ class Search:
         self.trials.append(Trial(self._step, self._current, score))
         self.log(f"step {self._step}: {self._current}: {score * 1e3:.1f} ms per step")
         self._queue.pop(0)
-        while not self._queue and self._phase < 3:
+        while not self._queue and self._phase < self.phases:
             self._phase += 1
             self._queue = [s for s in self._next_phase() if s not in self._scores]
         if self._queue:
@@ -161,11 +169,14 @@ class Search:
 
     def _next_phase(self) -> list[Setting]:
         """Phase 1: every piece size at the starting threshold; 2: every threshold at the best
-        piece size; 3: every piece size at the best threshold."""
+        piece size; 3: every piece size at the best threshold; 4 (if allowed): the best with
+        float16 on the wire."""
         best = min(self._scores, key=self._scores.__getitem__)
         if self._phase == 2:
-            return [Setting(f, best.chunk) for f in self.fusion_choices]
-        return [Setting(best.fusion, c) for c in CHUNK_CHOICES]
+            return [Setting(f, best.chunk, best.fp16) for f in self.fusion_choices]
+        if self._phase == 4:
+            return [Setting(best.fusion, best.chunk, True)]
+        return [Setting(best.fusion, c, best.fp16) for c in CHUNK_CHOICES]
 
     def _settle(self) -> Decision:
         best = min(self._scores, key=self._scores.__getitem__)
@@ -230,16 +241,17 @@ class StepTuner:
         from hpcrep.comm import collectives  # noqa: PLC0415
         from hpcrep.comm.ops import ReduceOp  # noqa: PLC0415
 
-        message = np.zeros(3, np.int64)
+        message = np.zeros(4, np.int64)
         if self.search is not None:
             decision = self.search.first() if first else self.search.decide()
-            message[:] = (decision.setting.fusion, decision.setting.chunk, decision.steps)
+            message[:] = (decision.setting.fusion, decision.setting.chunk, decision.steps,
+                          decision.setting.fp16)
         shared = collectives.allreduce(message, ReduceOp.Sum, name="hpcrep.autotune",
                                        communicator=self.communicator)
         if shared[0] == 0:  # rank 0 waits in join(): keep the setting, look again later
             self._next = self.steps + 1
             return
-        setting = Setting(int(shared[0]), int(shared[1]))
+        setting = Setting(int(shared[0]), int(shared[1]), bool(shared[3]))
         if setting != self.setting or not self.history:
             self.history.append((self.steps, setting))
         self.setting = setting

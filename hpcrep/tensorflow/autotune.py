@@ -7,7 +7,9 @@ buckets: a ``tf.numpy_function`` that runs :meth:`hpcrep.comm.autotune.StepTuner
 :func:`hpcrep.tensorflow.native.tune`, and every bucket's exchange waits for it. The buckets are
 traced inside :func:`tuned_scope`: planned at ``HPCREP_FUSION_THRESHOLD`` as always and marked
 ``tuned``, so the engine fuses them up to the tuned threshold (never below the traced one) and
-cuts them into the tuned pieces. (Planning small buckets so that the tuner could choose small
+cuts them into the tuned pieces; where ``HPCREP_AUTOTUNE_COMPRESSION`` allows it, the engine
+may also send their float32 values as float16 (packed, summed and unpacked inside the engine).
+(Planning small buckets so that the tuner could choose small
 thresholds cost more than it could win on one node: 1 MiB buckets made ResNet-50's exchange
 10-15 ms slower than 16 MiB ones, and fusing them again costs a copy in and out.)
 
@@ -77,7 +79,7 @@ def _tick(communicator: Any) -> Any:
     import numpy as np  # noqa: PLC0415
 
     setting = tuner(communicator).tick()
-    native.tune(communicator, setting.fusion, setting.chunk)
+    native.tune(communicator, setting.fusion, setting.chunk, setting.fp16)
     return np.int64(setting.fusion)
 
 
@@ -93,6 +95,7 @@ def tuner(communicator: Any) -> search.StepTuner:
     made = search.StepTuner(communicator, start, warmup=int(config.get("HPCREP_AUTOTUNE_WARMUP")),
                             measure=int(config.get("HPCREP_AUTOTUNE_STEPS")),
                             window=int(config.get("HPCREP_AUTOTUNE_WINDOW")),
+                            allow_fp16=bool(config.get("HPCREP_AUTOTUNE_COMPRESSION")),
                             log=_logger(communicator))
     with _lock:
         _tuners[key] = made
@@ -106,7 +109,7 @@ def _logger(communicator: Any):
     path = str(config.get("HPCREP_AUTOTUNE_LOG"))
     if path and communicator.rank() == 0:
         with open(path, "w", encoding="utf-8") as f:
-            f.write("step,fusion_bytes,chunk_bytes,step_ms\n")
+            f.write("step,fusion_bytes,chunk_bytes,fp16,step_ms\n")
 
     written = [0]
 
@@ -118,9 +121,17 @@ def _logger(communicator: Any):
         with open(path, "a", encoding="utf-8") as f:
             for trial in made.search.trials[written[0]:]:
                 f.write(f"{trial.step},{trial.setting.fusion},{trial.setting.chunk},"
-                        f"{trial.score * 1e3:.3f}\n")
+                        f"{int(trial.setting.fp16)},{trial.score * 1e3:.3f}\n")
         written[0] = len(made.search.trials)
     return log
+
+
+def reset() -> None:
+    """Forget every tuner: the next tick of each communicator starts a new one from the
+    configured setting (tests and benchmarks that tune several runs in one process). Local;
+    call it on every rank at the same point, between steps."""
+    with _lock:
+        _tuners.clear()
 
 
 def freeze(frozen: bool = True) -> None:

@@ -58,6 +58,22 @@ def test_thresholds_below_the_traced_one_are_not_tried():
     assert {t.setting.fusion for t in small.trials} == set(FUSION_CHOICES)
 
 
+@pytest.mark.parametrize("fp16_ms, chosen", [(0.7, True), (0.9, False)])
+def test_float16_wire_is_a_last_phase_only_where_allowed(fp16_ms, chosen):
+    def periods(setting, _):
+        return fp16_ms if setting.fp16 else cost(setting)
+
+    plain = Search(START, warmup=0, measure=1)
+    drive(plain, periods, plain.first())
+    assert not any(t.setting.fp16 for t in plain.trials)
+    allowed = Search(START, warmup=0, measure=1, allow_fp16=True)
+    drive(allowed, periods, allowed.first())
+    assert allowed.trials[-1].setting == Setting(64 * MIB, 1 * MIB, True)
+    assert allowed.best[0].fp16 is chosen
+    assert str(Setting(16 * MIB, 0, True)) == \
+        "fusion 16 MiB, pieces whole buffer, float16 on the wire"
+
+
 def test_warmup_steps_are_not_scored():
     """The first steps after a change are slow (retracing, caches): they must not count."""
     search = Search(START, warmup=2, measure=3)

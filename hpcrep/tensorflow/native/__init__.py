@@ -207,16 +207,17 @@ def _at_exit() -> None:
         _library().unregister(entry.engine_id)
 
 
-def tune(communicator: Any, fusion_bytes: int, chunk_bytes: int) -> None:
+def tune(communicator: Any, fusion_bytes: int, chunk_bytes: int, half_wire: bool = False) -> None:
     """Set the fusion threshold and piece size of ``communicator``'s requests traced as tuned
-    (``tuned=True``: the gradient exchange under ``HPCREP_AUTOTUNE``), from their next request on.
+    (``tuned=True``: the gradient exchange under ``HPCREP_AUTOTUNE``), from their next request on;
+    with ``half_wire``, their float32 buffers travel and are summed as float16.
 
     Local, but every rank must call it at the same point of its program (before the requests it
     is meant for are queued), or ranks would cut the same requests differently: see
     :mod:`hpcrep.tensorflow.autotune`. Starts the communicator's thread if it has none
     (collective then, as :func:`engine`).
     """
-    _library().tune(engine(communicator), fusion_bytes, chunk_bytes)
+    _library().tune(engine(communicator), fusion_bytes, chunk_bytes, half_wire)
 
 
 def begin_join(communicator: Any) -> None:

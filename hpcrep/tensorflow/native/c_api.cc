@@ -33,10 +33,10 @@ int64_t hpcrep_native_register(int64_t comm_handle, int check, int64_t fusion_by
 // Stop the engine's thread (after it has finished what is queued) and forget it.
 void hpcrep_native_unregister(int64_t id) { hpcrep::TakeEngine(id).reset(); }
 
-// Set the fusion threshold and piece size that requests traced as tuned take from now on
-// (Engine::Tune). Every rank must call it at the same point of its program.
-void hpcrep_native_tune(int64_t id, int64_t fusion_bytes, int64_t chunk_bytes) {
-  if (hpcrep::Engine* e = hpcrep::FindEngine(id)) e->Tune(fusion_bytes, chunk_bytes);
+// Set the fusion threshold, piece size and fp16 wire that requests traced as tuned take from now
+// on (Engine::Tune). Every rank must call it at the same point of its program.
+void hpcrep_native_tune(int64_t id, int64_t fusion_bytes, int64_t chunk_bytes, int half_wire) {
+  if (hpcrep::Engine* e = hpcrep::FindEngine(id)) e->Tune(fusion_bytes, chunk_bytes, half_wire);
 }
 
 void hpcrep_native_begin_join(int64_t id) {

@@ -44,6 +44,7 @@ struct Request {
   int64_t name_key = 0;   // hash of the request's name (match_name or the op's node name)
   int64_t chunk_bytes = 0;  // largest single MPI_Allreduce (HPCREP_ALLREDUCE_CHUNK); 0: no limit
   int64_t fusion_bytes = 0;  // largest fusion buffer this request opens (HPCREP_FUSION_THRESHOLD)
+  bool half_wire = false;    // float32 sent and summed as float16 (autotune, where allowed)
   std::string description;
   tensorflow::Tensor buffer;  // packed, pre-scaled; reduced in place
   int64_t length = 0;
@@ -94,10 +95,10 @@ struct Agreement {
 };
 
 // Per request, what a rank waiting in join() needs to take part: shared by the lowest active rank.
-// chunk_bytes and fusion_bytes too: a waiting rank must fuse its zeros and cut them into the
-// same MPI calls (Reduce, AllreduceLarge).
+// chunk_bytes, fusion_bytes and half_wire too: a waiting rank must fuse its zeros, convert them
+// and cut them into the same MPI calls (Reduce, AllreduceLarge).
 struct Layout {
-  int64_t dtype, kind, length, postscale_bits, chunk_bytes, fusion_bytes;
+  int64_t dtype, kind, length, postscale_bits, chunk_bytes, fusion_bytes, half_wire;
 };
 
 class Engine {
@@ -118,12 +119,16 @@ class Engine {
   // takes them when it is queued, so every rank must set them at the same point of its
   // program, before any of the requests they are meant for (hpcrep/tensorflow/autotune.py sets
   // them at a step's start, before the step's gradients are queued).
-  void Tune(int64_t fusion_bytes, int64_t chunk_bytes) {
+  // half_wire: float32 requests travel and are summed as float16 (where the user allowed the
+  // tuner to compress).
+  void Tune(int64_t fusion_bytes, int64_t chunk_bytes, bool half_wire) {
     tuned_fusion_.store(fusion_bytes);
     tuned_chunk_.store(chunk_bytes);
+    tuned_half_.store(half_wire);
   }
   int64_t TunedFusion() const { return tuned_fusion_.load(); }
   int64_t TunedChunk() const { return tuned_chunk_.load(); }
+  bool TunedHalf() const { return tuned_half_.load(); }
 
   // Called by the Python thread in join(): take part in every cycle with zeros until all ranks
   // have joined; JoinPending() turns false then.
@@ -189,6 +194,8 @@ class Engine {
   std::vector<char> scratch_;
   std::atomic<int64_t> cycles_{0}, reduced_{0}, active_cycles_{0};
   std::atomic<int64_t> tuned_fusion_{0}, tuned_chunk_{0};  // see Tune
+  std::atomic<bool> tuned_half_{false};
+  std::vector<Eigen::half> half_scratch_;  // the fp16 wire's buffer (ReduceGroup)
   bool stalled_ = false;      // the last name matching found nothing to run (match.cc)
   uint64_t stall_hash_ = 0;   // what every rank had pending then
   double stall_since_ = 0;    // since when the pending names have not changed

@@ -78,7 +78,7 @@ void Engine::Reduce(const Batch& batch) {
     size_t j = i + 1;
     int64_t bytes = batch[i]->buffer.TotalBytes();
     while (j < batch.size() && batch[j]->dtype == batch[i]->dtype &&
-           batch[j]->kind == batch[i]->kind &&
+           batch[j]->kind == batch[i]->kind && batch[j]->half_wire == batch[i]->half_wire &&
            bytes + static_cast<int64_t>(batch[j]->buffer.TotalBytes()) <=
                batch[i]->fusion_bytes) {
       bytes += batch[j]->buffer.TotalBytes();
@@ -119,6 +119,31 @@ tensorflow::Status Engine::ReduceGroup(const Batch& batch, size_t i, size_t j) {
     stamp(kMpiStart);
     stamp(kMpiEnd);
     return tensorflow::Status();
+  }
+  if (first.half_wire && first.dtype == tensorflow::DT_FLOAT) {
+    // The tuner's fp16 wire: pack the group as float16, sum in float16, unpack to float32 (as
+    // Compression.fp16 does around the exchange, here inside it).
+    int64_t total = 0;
+    for (size_t k = i; k < j; ++k) total += batch[k]->length;
+    if (static_cast<int64_t>(half_scratch_.size()) < total) half_scratch_.resize(total);
+    int64_t at = 0;
+    for (size_t k = i; k < j; ++k) {
+      FloatToHalf(static_cast<const float*>(batch[k]->buffer.data()), half_scratch_.data() + at,
+                  batch[k]->length);
+      at += batch[k]->length;
+    }
+    stamp(kMpiStart);
+    const tensorflow::DataType half = tensorflow::DT_HALF;
+    int rc = AllreduceLarge(half_scratch_.data(), total, Info(half), MpiOp(half, first.kind),
+                            first.chunk_bytes);
+    stamp(kMpiEnd);
+    at = 0;
+    for (size_t k = i; k < j; ++k) {
+      HalfToFloat(half_scratch_.data() + at, static_cast<float*>(batch[k]->buffer.data()),
+                  batch[k]->length);
+      at += batch[k]->length;
+    }
+    return rc == MPI_SUCCESS ? tensorflow::Status() : MpiError(rc);
   }
   if (j == i + 1) {
     stamp(kMpiStart);

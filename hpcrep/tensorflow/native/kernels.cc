@@ -65,11 +65,31 @@ __attribute__((target("avx,f16c"))) int64_t HalfScaleF16C(const Eigen::half* src
   }
   return i;
 }
+__attribute__((target("avx,f16c"))) int64_t ToHalfF16C(const float* src, Eigen::half* dst,
+                                                       int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  return i;
+}
+
+__attribute__((target("avx,f16c"))) int64_t FromHalfF16C(const Eigen::half* src, float* dst,
+                                                         int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  return i;
+}
 #else
 bool HasF16C() { return false; }
 int64_t HalfSumF16C(const Eigen::half*, Eigen::half*, int64_t) { return 0; }
 int64_t HalfScaleF16C(const Eigen::half*, Eigen::half*, int64_t, float) { return 0; }
+int64_t ToHalfF16C(const float*, Eigen::half*, int64_t) { return 0; }
+int64_t FromHalfF16C(const Eigen::half*, float*, int64_t) { return 0; }
 #endif
+
 
 // dst = T(wide(src) * wide(T(scale))), numpy's rule for an array times a Python float (the
 // float is cast to the array's dtype first, except for integers, which numpy multiplies in
@@ -144,6 +164,16 @@ void CreateHalfOps(TypeInfo* info) {
   }
 
 }  // namespace
+
+void FloatToHalf(const float* src, Eigen::half* dst, int64_t n) {
+  int64_t i = HasF16C() ? ToHalfF16C(src, dst, n) : 0;
+  for (; i < n; ++i) dst[i] = static_cast<Eigen::half>(src[i]);
+}
+
+void HalfToFloat(const Eigen::half* src, float* dst, int64_t n) {
+  int64_t i = HasF16C() ? FromHalfF16C(src, dst, n) : 0;
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
 
 const TypeInfo& Info(tensorflow::DataType dtype) {
   static std::map<tensorflow::DataType, TypeInfo>* table = [] {

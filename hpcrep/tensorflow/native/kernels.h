@@ -28,6 +28,10 @@ const TypeInfo& Info(tensorflow::DataType dtype);
 // The MPI operation that reduces `dtype` with `kind` (Average: a sum, scaled around it).
 MPI_Op MpiOp(tensorflow::DataType dtype, int kind);
 
+// float32 <-> float16, round to nearest even (F16C where the CPU has it): the tuned fp16 wire.
+void FloatToHalf(const float* src, Eigen::half* dst, int64_t n);
+void HalfToFloat(const Eigen::half* src, float* dst, int64_t n);
+
 // The scaling of one reduction, in one place for both ends of it: before the sum, the pre-scale
 // (with Average's 1/size folded in for floating types, so it costs nothing extra); after it,
 // integer Average's floor division by size, then the post-scale. The same rules as

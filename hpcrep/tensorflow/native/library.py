@@ -53,7 +53,7 @@ class Library:
         lib.hpcrep_native_register.argtypes = [i64, ctypes.c_int, i64, ctypes.c_int, ctypes.c_int,
                                                ctypes.c_double]
         lib.hpcrep_native_unregister.argtypes = [i64]
-        lib.hpcrep_native_tune.argtypes = [i64, i64, i64]
+        lib.hpcrep_native_tune.argtypes = [i64, i64, i64, ctypes.c_int]
         lib.hpcrep_native_begin_join.argtypes = [i64]
         lib.hpcrep_native_join_pending.argtypes = [i64]
         lib.hpcrep_native_join_pending.restype = ctypes.c_int
@@ -85,9 +85,11 @@ class Library:
         """Stop the engine's thread once what is queued has finished, and forget it."""
         self._lib.hpcrep_native_unregister(engine_id)
 
-    def tune(self, engine_id: int, fusion_bytes: int, chunk_bytes: int) -> None:
-        """Set the fusion threshold and piece size that requests traced as tuned take next."""
-        self._lib.hpcrep_native_tune(engine_id, int(fusion_bytes), int(chunk_bytes))
+    def tune(self, engine_id: int, fusion_bytes: int, chunk_bytes: int,
+             half_wire: bool = False) -> None:
+        """Set the fusion threshold, piece size and fp16 wire that tuned requests take next."""
+        self._lib.hpcrep_native_tune(engine_id, int(fusion_bytes), int(chunk_bytes),
+                                     int(bool(half_wire)))
 
     def begin_join(self, engine_id: int) -> None:
         """Let the engine take part with zeros in the active ranks' allreduces."""

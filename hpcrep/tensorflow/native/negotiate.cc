@@ -98,7 +98,7 @@ int Engine::ShareLayout(const Batch& batch, int64_t count, bool joined,
   int rc = MPI_Iallreduce(&candidate, &root, 1, MPI_INT64_T, MPI_MIN, comm_, &request);
   if (rc == MPI_SUCCESS) rc = Await(&request);
   if (rc != MPI_SUCCESS) return rc;
-  layout->assign(count, Layout{0, 0, 0, 0, 0, 0});
+  layout->assign(count, Layout{0, 0, 0, 0, 0, 0, 0});
   if (!joined && root == rank_) {
     for (int64_t i = 0; i < count; ++i) {
       Layout& l = (*layout)[i];
@@ -108,6 +108,7 @@ int Engine::ShareLayout(const Batch& batch, int64_t count, bool joined,
       std::memcpy(&l.postscale_bits, &batch[i]->postscale, sizeof(double));
       l.chunk_bytes = batch[i]->chunk_bytes;
       l.fusion_bytes = batch[i]->fusion_bytes;
+      l.half_wire = batch[i]->half_wire ? 1 : 0;
     }
   }
   constexpr int kWords = sizeof(Layout) / sizeof(int64_t);
@@ -143,6 +144,7 @@ Batch Engine::ZeroRequests(const std::vector<Layout>& layout) {
     std::memcpy(&r->postscale, &l.postscale_bits, sizeof(double));
     r->chunk_bytes = l.chunk_bytes;
     r->fusion_bytes = l.fusion_bytes;
+    r->half_wire = l.half_wire != 0;
     r->buffer = tensorflow::Tensor(r->dtype, tensorflow::TensorShape({r->length}));
     std::memset(r->buffer.data(), 0, r->buffer.TotalBytes());
     out.push_back(r);

@@ -97,6 +97,7 @@ class StartOp : public OpKernel {
     if (tuned_) {  // autotune: what the engine was last told (Engine::Tune)
       request->chunk_bytes = engine->TunedChunk();
       request->fusion_bytes = engine->TunedFusion();
+      request->half_wire = dtype_ == tensorflow::DT_FLOAT && engine->TunedHalf();
     } else {
       request->chunk_bytes = chunk_bytes_;
       request->fusion_bytes = fusion_bytes_ >= 0 ? fusion_bytes_ : engine->settings().fusion_bytes;
