@@ -141,7 +141,7 @@ def autotune_worker(best_threshold: int, best_chunk: int, quick: bool) -> dict:
             "settle_seconds": sum(settle) / 1e3, "settle_ms": settle,
             "chosen": {"threshold": chosen.fusion, "chunk": chosen.chunk},
             "trials": [{"step": t.step, "threshold": t.setting.fusion, "chunk": t.setting.chunk,
-                        "ms": t.score * 1e3} for t in search.trials],
+                        "fp16": t.setting.fp16, "ms": t.score * 1e3} for t in search.trials],
             "warmup": search.warmup, "measure": search.measure,
             "rounds": rounds, "steps_per_round": per_round,
             **{name: _figures(timed[name]) for name in steps}}
@@ -266,7 +266,8 @@ def _autotune_lines(a: dict) -> list[str]:
         f"{a['autotuned']['ms'] / a['best_fixed']['ms']:.2f}x |",
         f"| defaults | {cell('default')} | {a['default']['ms'] / a['best_fixed']['ms']:.2f}x |",
         "", "The tuner's timed settings (median step ms): " + "; ".join(
-            f"{_mib(t['threshold'])}/{_mib(t['chunk'])} {t['ms']:.0f}" for t in a["trials"]) + "."]
+            f"{_mib(t['threshold'])}/{_mib(t['chunk'])}{' fp16' if t.get('fp16') else ''} "
+            f"{t['ms']:.0f}" for t in a["trials"]) + "."]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -259,8 +259,9 @@ def settle_autotune(step: Callable[[], Any], limit: int = 300) -> Optional[dict]
     chosen = search.best[0] if search.settled else search.current
     return {"settled": search.settled, "steps": steps, "seconds": time.perf_counter() - start,
             "threshold": chosen.fusion, "chunk": chosen.chunk,
+            "fp16": chosen.fp16,
             "trials": [{"step": t.step, "threshold": t.setting.fusion, "chunk": t.setting.chunk,
-                        "ms": t.score * 1e3} for t in search.trials]}
+                        "fp16": t.setting.fp16, "ms": t.score * 1e3} for t in search.trials]}
 
 
 POWERSGD_RANKS = (2, 4)
@@ -310,9 +311,10 @@ def render_markdown(report: dict) -> str:
                  f"{len(tuned['trials'])} settings timed)" if tuned["settled"] else
                  f"had not settled after {tuned['steps']} steps")
         lines += ["", f"hpcrep_autotuned: the tuner {state} on "
-                  f"{Setting(tuned['threshold'], tuned['chunk'])}, then was frozen for the "
+                  f"{Setting(tuned['threshold'], tuned['chunk'], tuned.get('fp16', False))}, then "
+                  "was frozen for the "
                   "timed repetitions. Its timed settings (median step ms): " + "; ".join(
-                      f"{Setting(t['threshold'], t['chunk'])}: {t['ms']:.0f}"
+                      f"{Setting(t['threshold'], t['chunk'], t.get('fp16', False))}: {t['ms']:.0f}"
                       for t in tuned["trials"]) + "."]
     probes = [f"{name} {report['step_ms'][name]:.0f} ms ({_ms(busy.get(name))} ms of CPU)"
               for name in PROBES if name in report["step_ms"]]
