@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -97,6 +96,7 @@ def autotune_worker(best_threshold: int, best_chunk: int, quick: bool) -> dict:
     import tensorflow as tf  # noqa: PLC0415
 
     from bench.allreduce import resnet50_gradients, with_env  # noqa: PLC0415
+    from bench.overlap import settle_autotune  # noqa: PLC0415
     from bench.timing import time_rounds  # noqa: PLC0415
     from hpcrep.tensorflow import autotune  # noqa: PLC0415
     from hpcrep.tensorflow.gradients import GradientReducer  # noqa: PLC0415
@@ -116,17 +116,7 @@ def autotune_worker(best_threshold: int, best_chunk: int, quick: bool) -> dict:
         "HPCREP_FUSION_THRESHOLD", str(best_threshold), consumed(exchange)))
     tuned_fn = with_env("HPCREP_AUTOTUNE", "1", consumed(exchange))
     limit = 400
-    settle = []
-    for _ in range(limit):  # alone, as in training, until rank 0's search settles
-        start = time.perf_counter()
-        tuned_fn(tensors).numpy()
-        settle.append((time.perf_counter() - start) * 1e3)
-        tuner = autotune.current()
-        done = comm.bcast(bool(tuner.search.settled) if tuner.search is not None else None)
-        if done:
-            break
-    autotune.freeze()
-    tuner = autotune.current()
+    settled = settle_autotune(lambda: tuned_fn(tensors), limit)  # alone, then frozen
     steps = {"default": lambda: fixed(tensors).numpy(),
              "best_fixed": lambda: best_fn(tensors).numpy(),
              "autotuned": lambda: tuned_fn(tensors).numpy()}
@@ -134,15 +124,12 @@ def autotune_worker(best_threshold: int, best_chunk: int, quick: bool) -> dict:
     timed = time_rounds(steps, rounds, per_round, items_per_step=1.0)
     if comm.Get_rank() != 0:
         return {}
-    search = tuner.search
-    chosen = search.best[0] if search.settled else search.current
+    search = autotune.current().search
     return {"ranks": comm.Get_size(), "best_threshold": best_threshold, "best_chunk": best_chunk,
-            "settled": bool(search.settled), "settle_steps": len(settle), "limit": limit,
-            "settle_seconds": sum(settle) / 1e3, "settle_ms": settle,
-            "chosen": {"threshold": chosen.fusion, "chunk": chosen.chunk},
-            "trials": [{"step": t.step, "threshold": t.setting.fusion, "chunk": t.setting.chunk,
-                        "fp16": t.setting.fp16, "ms": t.score * 1e3} for t in search.trials],
-            "warmup": search.warmup, "measure": search.measure,
+            "settled": settled["settled"], "settle_steps": settled["steps"], "limit": limit,
+            "settle_seconds": settled["seconds"],
+            "chosen": {"threshold": settled["threshold"], "chunk": settled["chunk"]},
+            "trials": settled["trials"], "warmup": search.warmup, "measure": search.measure,
             "rounds": rounds, "steps_per_round": per_round,
             **{name: _figures(timed[name]) for name in steps}}
 
