@@ -22,6 +22,13 @@ them every matrix with ``min(n, m) <= r``), and all Q's in a second one; both ta
 path where it is active. The result depends only on the ranks' average of ``M``: when that
 average has rank ``r`` or less, ``G_hat`` is the plain average of the gradients up to rounding.
 
+Where the compiled path is active (:func:`hpcrep.tensorflow.native.active`), the passes over
+the gradients run as three fused kernels (``native/powersgd.cc``: ``M = G + E`` with ``P = M Q``;
+``M^T P``; ``G_hat = P Q^T`` with ``E = M - G_hat``), seven passes over the matrices' bytes where
+TensorFlow's matmuls and element-wise ops make about nine; otherwise those ops compute the same
+step (equal up to rounding). On one core per rank these passes, not the flops, are PowerSGD's
+cost.
+
 Warm-up: for the first ``warmup_steps`` steps every gradient is averaged uncompressed (one
 bucketed exchange, as without compression); the error buffers stay zero and ``Q`` keeps its
 starting value until compression begins. The step counter counts exchanges (with
@@ -324,31 +331,44 @@ class PowerSGD:
         assert self._matrices is not None
         picked = [(j, self._matrices[k]) for j, k in enumerate(keys) if k in self._matrices]
         rest = [j for j, k in enumerate(keys) if k not in self._matrices]
+        kernels = fused_kernels()
         ms, ps = [], []
         for j, x in picked:
-            g = tf.reshape(tf.cast(tensors[j], x.dtype), [x.n, x.m])
-            m = g + x.error
+            g = tf.cast(tensors[j], x.dtype)
+            if kernels is not None:  # M = G + E and P = M Q in one pass
+                m, p = kernels.hpcrep_powersgd_project(g, x.error, x.q)
+            else:
+                m = tf.reshape(g, [x.n, x.m]) + x.error
+                p = tf.matmul(m, x.q)
             ms.append(m)
-            ps.append(tf.matmul(m, x.q))
+            ps.append(p)
         first = average(ps + [tensors[j] for j in rest], "p")
         out: list = [None] * len(tensors)
         for j, r in zip(rest, first[len(ps):]):
             out[j] = r
         p_hats = [tf.linalg.qr(p)[0] for p in first[:len(ps)]]
-        qs = [tf.matmul(m, p, transpose_a=True) for m, p in zip(ms, p_hats)]
+        if kernels is not None:
+            qs = [kernels.hpcrep_powersgd_back(m, p) for m, p in zip(ms, p_hats)]
+        else:
+            qs = [tf.matmul(m, p, transpose_a=True) for m, p in zip(ms, p_hats)]
         q_hats = average(qs, "q")
         # A non-finite gradient on any rank (a loss-scale overflow) reaches every rank's Q's
         # through the averages: then every rank keeps its E and Q as they were, instead of
         # carrying inf/NaN into every later step, and the step's own result stays non-finite
         # (so a LossScaleOptimizer skips it everywhere).
         # A branch, not tf.where over E: the select read the old E and wrote a third matrix,
-        # two of the dozen passes over the gradients' bytes that bound PowerSGD on one core.
+        # two of the passes over the gradients' bytes that bound PowerSGD on one core.
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(q)) for q in q_hats])
-        approxes = [tf.matmul(p, q, transpose_b=True) for p, q in zip(p_hats, q_hats)]
+        if kernels is not None:  # G_hat = P Q^T and the new E = M - G_hat in one pass
+            approxes, errors = zip(*[kernels.hpcrep_powersgd_approx(m, p, q)
+                                     for m, p, q in zip(ms, p_hats, q_hats)])
+        else:
+            approxes = [tf.matmul(p, q, transpose_b=True) for p, q in zip(p_hats, q_hats)]
+            errors = None
 
         def advance() -> tf.Tensor:
-            for (_, x), m, approx, q in zip(picked, ms, approxes, q_hats):
-                x.error.assign(m - approx)
+            for i, ((_, x), m, approx, q) in enumerate(zip(picked, ms, approxes, q_hats)):
+                x.error.assign(m - approx if errors is None else errors[i])
                 x.q.assign(q)
             return tf.constant(True)
 
@@ -375,6 +395,17 @@ class PowerSGD:
             else:
                 sent += count * itemsize
         return sent, full
+
+
+def fused_kernels() -> Any:
+    """Return the compiled library's op module where the compiled path is active
+    (:func:`hpcrep.tensorflow.native.active`), else None. Its ``hpcrep_powersgd_*`` ops make
+    seven passes over the gradients' bytes where TensorFlow's own ops (the fallback, same
+    arithmetic up to rounding) make about nine. Every rank must get the same answer, as for the
+    allreduce path, or their applied gradients differ in rounding. Local."""
+    from hpcrep.tensorflow import native  # noqa: PLC0415
+
+    return native.ops() if native.active() else None
 
 
 def _check_floating(dtype: tf.DType, what: Any) -> None:

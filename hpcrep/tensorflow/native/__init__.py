@@ -291,7 +291,8 @@ def bits(value: float) -> int:
 
 
 def ops() -> Any:
-    """Return the loaded op module (``hpcrep_allreduce_start``, ``hpcrep_allreduce_wait``)."""
+    """Return the loaded op module (``hpcrep_allreduce_start``, ``hpcrep_allreduce_wait``,
+    PowerSGD's ``hpcrep_powersgd_*``), or None where it does not load."""
     return _load().ops
 
 
