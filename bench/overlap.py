@@ -235,9 +235,10 @@ def worker(image_size: int, batch: int, steps: int, reps: int, group: str = "hpc
 
 
 def settle_autotune(step: Callable[[], Any], limit: int = 300) -> Optional[dict]:
-    """Run ``step`` (a training step traced with ``HPCREP_AUTOTUNE=1``) until rank 0's tuner
-    settles or ``limit`` steps have run, then freeze the tuner; return what it did (rank 0; None
-    elsewhere, or without the compiled path). Collective."""
+    """Run ``step`` (a training step traced with ``HPCREP_AUTOTUNE=1``; it may return a tensor,
+    which is waited for, or a value already computed) until rank 0's tuner settles or ``limit``
+    steps have run, then freeze the tuner; return what it did (rank 0; None elsewhere, or where
+    the first step made no tuner: one rank, or without the compiled path). Collective."""
     from hpcrep import comm as hcomm  # noqa: PLC0415
     from hpcrep.tensorflow import autotune  # noqa: PLC0415
 
@@ -245,11 +246,13 @@ def settle_autotune(step: Callable[[], Any], limit: int = 300) -> Optional[dict]
     start = time.perf_counter()
     steps = 0
     while steps < limit:
-        step().numpy()
+        out = step()
+        if hasattr(out, "numpy"):
+            out.numpy()
         steps += 1
         tuner = autotune.current()
         search = tuner.search if tuner is not None else None
-        if comm.bcast(search is not None and search.settled):
+        if comm.bcast(tuner is None or (search is not None and search.settled)):
             break
     autotune.freeze()
     tuner = autotune.current()

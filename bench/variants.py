@@ -13,17 +13,28 @@ The job takes the tape or optimizer wrapper as a parameter (by default hpcrep's)
   ``MPI_Allreduce`` of a flat numpy buffer), called from inside the compiled step through one
   ``tf.numpy_function``, its results consumed by the same graph;
 - ``horovod``: ``horovod.tensorflow.DistributedGradientTape`` (its Keras optimizer needs
-  ``tf_keras``, so optimizers average through :mod:`bench.sync`'s horovod synchroniser).
+  ``tf_keras``, so optimizers average through :mod:`bench.sync`'s horovod synchroniser);
+- ``hpcrep_powersgdR`` (:mod:`bench.modes`): hpcrep's wrappers with
+  ``compression=hvd.Compression.powersgd(rank=R)``. A PowerSGD object keeps state for one set of
+  variables and must be the same object every step, while a tape is made per step (or per trace):
+  so the tape wrapper keeps one PowerSGD per distinct set of sources (:class:`PerSourcesTape`;
+  D4PG's learner asks one tape for two sets, and the self-check's probe has variables of its
+  own), and the optimizer wrapper gives each optimizer its own;
+- ``hpcrep_autotune``: hpcrep's wrappers with ``HPCREP_AUTOTUNE=1`` in effect while their
+  exchange is traced (hpcrep reads the setting then), set only around that call
+  (:class:`SettingTape`, :func:`setting_optimizer`), so the other variants in the same process
+  stay untuned.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
+from bench import modes as bench_modes
 from bench.sync import MODES, average_arrays, make_synchronizer
 
 Average = Callable[[list], list]
@@ -38,20 +49,35 @@ class Variant:
         DistributedGradientTape: ``tape -> tape`` whose ``gradient()`` averages across ranks.
         DistributedOptimizer: ``optimizer -> optimizer`` whose ``apply`` averages first.
         sync_batch_norm: whether batch-norm statistics span the ranks.
+        compression_rank: PowerSGD's rank R for a compressing variant (its averages are exact
+            only for gradients whose mean has rank R or less: :mod:`bench.selfcheck`), else
+            None.
     """
 
     name: str
     DistributedGradientTape: Callable[[tf.GradientTape], Any]
     DistributedOptimizer: Callable[[keras.optimizers.Optimizer], Any]
     sync_batch_norm: bool = True
+    compression_rank: Optional[int] = None
 
 
 def variant(mode: str) -> Variant:
     """Return the tape and optimizer wrappers of ``mode``.
 
     Raises:
-        ValueError: ``mode`` is not one of :data:`bench.sync.MODES`.
+        ValueError: ``mode`` is not one of :data:`bench.sync.MODES` or :mod:`bench.modes`'s
+            extra variants.
     """
+    rank = bench_modes.powersgd_rank(mode)
+    if rank is not None:
+        return _powersgd_variant(mode, rank)
+    if mode == bench_modes.AUTOTUNE:
+        import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+        return Variant(mode, lambda tape: SettingTape(
+            hvd.DistributedGradientTape(tape), "HPCREP_AUTOTUNE", "1"),
+                       lambda optimizer: setting_optimizer(
+                           hvd.DistributedOptimizer(optimizer), "HPCREP_AUTOTUNE", "1"))
     if mode == "hpcrep":
         import hpcrep.tensorflow as hvd  # noqa: PLC0415
 
@@ -69,7 +95,89 @@ def variant(mode: str) -> Variant:
         return Variant(mode, lambda tape: TensorFlowSourcesTape(
             horovod.DistributedGradientTape(tape)),
                        lambda optimizer: averaging_optimizer(optimizer, average))
-    raise ValueError(f"unknown synchronisation mode {mode!r}; expected one of {', '.join(MODES)}")
+    raise ValueError(f"unknown synchronisation mode {mode!r}; expected one of {', '.join(MODES)}, "
+                     f"{bench_modes.POWERSGD_PREFIX}R or {bench_modes.AUTOTUNE}")
+
+
+def _powersgd_variant(mode: str, rank: int) -> Variant:
+    """hpcrep's wrappers with PowerSGD of ``rank``: one PowerSGD per set of sources (tape) or
+    per optimizer, each made with :data:`bench.modes.POWERSGD_SEED`."""
+    import hpcrep.tensorflow as hvd  # noqa: PLC0415
+
+    def make() -> Any:
+        return hvd.Compression.powersgd(rank, seed=bench_modes.POWERSGD_SEED)
+
+    compressions: dict = {}  # shared by every tape this variant wraps: the state lives here
+    return Variant(mode, lambda tape: PerSourcesTape(
+        tape, lambda c: hvd.DistributedGradientTape(tape, compression=c), compressions, make),
+                   lambda optimizer: hvd.DistributedOptimizer(optimizer, compression=make()),
+                   compression_rank=rank)
+
+
+class PerSourcesTape:
+    """A recorded tape whose ``gradient()`` goes through ``wrap(compression)``, with one
+    ``compression`` per distinct set of sources: made by ``make()`` the first time that set
+    (the ordered :func:`hpcrep.tensorflow.variables.variable_key` of each source) is asked for,
+    kept in ``compressions`` (shared between tapes, so the next step's tape finds it), then
+    reused. For stateful compressions such as PowerSGD, whose one object serves one set of
+    variables and must be the same object every step."""
+
+    def __init__(self, tape: tf.GradientTape, wrap: Callable[[Any], Any],
+                 compressions: dict, make: Callable[[], Any]) -> None:
+        self._tape, self._wrap, self._compressions, self._make = tape, wrap, compressions, make
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        """The averaged gradients through ``wrap`` with this set of sources' compression.
+
+        Collective: every rank must call this, in the same order, with matching sources.
+        """
+        key = sources_key(sources)
+        if key not in self._compressions:
+            self._compressions[key] = self._make()
+        return self._wrap(self._compressions[key]).gradient(
+            target, sources, output_gradients, unconnected_gradients)
+
+
+def sources_key(sources: Any) -> tuple:
+    """The identity of a set of gradient sources: each (flattened) source's
+    :func:`hpcrep.tensorflow.variables.variable_key`, in order. Local."""
+    from hpcrep.tensorflow.variables import variable_key  # noqa: PLC0415
+
+    return tuple(variable_key(s) for s in tf.nest.flatten(sources))
+
+
+class SettingTape:
+    """A distributed tape whose ``gradient()`` runs with the environment setting
+    ``name=value`` (restored after): hpcrep reads its settings when the exchange is traced, so a
+    step traced through this tape keeps them."""
+
+    def __init__(self, tape: Any, name: str, value: str) -> None:
+        self._tape, self._name, self._value = tape, name, value
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+        """``tape.gradient`` with the setting in effect. Collective if ``tape``'s is."""
+        from bench.allreduce import with_env  # noqa: PLC0415
+
+        return with_env(self._name, self._value, self._tape.gradient)(
+            target, sources, output_gradients, unconnected_gradients)
+
+
+def setting_optimizer(optimizer: keras.optimizers.Optimizer, name: str,
+                      value: str) -> keras.optimizers.Optimizer:
+    """Make ``optimizer``'s ``apply`` run with the environment setting ``name=value`` (see
+    :class:`SettingTape`); returns the same object."""
+    from bench.allreduce import with_env  # noqa: PLC0415
+
+    base = type(optimizer)
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        return with_env(name, value, base.apply)(self, grads, trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__})
+    object.__setattr__(optimizer, "__class__", cls)
+    return optimizer
 
 
 def raw_mpi_average(grads: Sequence[Any]) -> list:
