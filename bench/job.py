@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from bench import exposed, selfcheck
+from bench import modes as bench_modes
 from bench.sync import MODES
 from bench.timing import spread, time_rounds
 from bench.variants import Variant, variant
@@ -64,18 +65,22 @@ def add_bench_arguments(parser: argparse.ArgumentParser, extra_modes: Sequence[s
                        help="time steps instead of training; rank 0 writes results to PATH")
     group.add_argument("--modes", default="hpcrep,nosync,mpi4py",
                        help=f"synchronisers to time, comma-separated: "
-                            f"{', '.join(tuple(MODES) + tuple(extra_modes))}")
+                            f"{', '.join(tuple(MODES) + tuple(extra_modes))}, and hpcrep's "
+                            f"{bench_modes.POWERSGD_PREFIX}R (R >= 1), {bench_modes.AUTOTUNE}")
     group.add_argument("--rounds", type=int, default=5,
                        help="rounds; every mode runs --steps steps in each (interleaved)")
     group.add_argument("--steps", type=int, default=3, help="timed steps per mode per round")
 
 
 def parse_modes(text: str, allowed: Sequence[str]) -> list[str]:
-    """Split ``text`` into modes, checking each against ``allowed``."""
+    """Split ``text`` into modes, checking each against ``allowed`` and the extra hpcrep
+    variants of :mod:`bench.modes` (``hpcrep_powersgdR``, ``hpcrep_autotune``)."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in allowed]
+    bad = [m for m in modes if m not in allowed and not bench_modes.is_extra(m)]
     if bad or not modes:
-        raise SystemExit(f"--modes: unknown {bad or text!r}; choose from {', '.join(allowed)}")
+        raise SystemExit(f"--modes: unknown {bad or text!r}; choose from {', '.join(allowed)}, "
+                         f"{', '.join(bench_modes.EXAMPLES)} ({bench_modes.POWERSGD_PREFIX}R "
+                         "for any rank R >= 1)")
     return modes
 
 
@@ -101,18 +106,15 @@ def run_modes(factory: StepFactory, modes: Sequence[str], rounds: int, steps: in
     timed = {mode: factory(v) for mode, v in variants.items()}
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     shapes = [tuple(w.shape) for w in timed[modes[0]].weights()]
-    coefficients = selfcheck.probe_coefficients(shapes, rank)
-    mean, tolerance = selfcheck.exact_mean_and_tolerance(coefficients)
-    reference = _probe(variants.get("hpcrep") or variant("hpcrep"), timed[modes[0]].probe,
-                       coefficients)
-    checks: dict[str, dict] = {}
-    for mode, v in variants.items():
-        result = reference if mode == "hpcrep" else _probe(v, timed[mode].probe, coefficients)
-        checks[mode] = {"gradient": selfcheck.gradient_verdict(
-            result, mean, tolerance, mode != "nosync", size,
-            None if mode == "hpcrep" else reference)}
-    del coefficients, mean, tolerance, reference
+    checks = gradient_checks(variants, timed[modes[0]].probe, shapes, rank, size)
+    tuned = None
+    if bench_modes.AUTOTUNE in timed:  # alone, before the others' steps can enter its timing
+        from bench.overlap import settle_autotune  # noqa: PLC0415
+
+        tuned = settle_autotune(timed[bench_modes.AUTOTUNE].step) or NO_TUNER
     results = time_rounds({m: t.step for m, t in timed.items()}, rounds, steps, items_per_step)
+    if tuned is not None and rank == 0:
+        results[bench_modes.AUTOTUNE]["autotune"] = tuned
     for mode, t in timed.items():
         checks[mode]["weights"] = selfcheck.check_weights(
             lambda t=t: hvd.broadcast_variables(list(t.state()), root_rank=0), t.step,
@@ -123,6 +125,53 @@ def run_modes(factory: StepFactory, modes: Sequence[str], rounds: int, steps: in
         r["check"] = checks[mode]
         r["check"]["ok"] = all(c["ok"] for c in checks[mode].values() if isinstance(c, dict))
     return split_communication(results)
+
+
+# hpcrep_autotune's settlement where no tuner ran (bench.overlap.settle_autotune gave None).
+NO_TUNER = {"settled": None, "detail": "no tuner ran: one rank exchanges nothing (or the "
+            "compiled path is off, which HPCREP_AUTOTUNE tunes)"}
+
+
+def gradient_checks(variants: dict[str, Variant], route: str, shapes: Sequence[tuple],
+                    rank: int, size: int) -> dict[str, dict]:
+    """The gradient check of every variant (:mod:`bench.selfcheck`): mode -> {"gradient": ...}.
+
+    Uncompressed variants average the full-rank probe, compared with the exact mean and with
+    hpcrep's within the float32 bound. Each PowerSGD rank R among the variants gets the low-rank
+    probe and PowerSGD's bound instead, compared with the exact mean and with hpcrep's average
+    of the same probe; nosync also takes each low-rank probe (``powersgdR_probe``), which it
+    must fail, as it must the full-rank one. The probe goes through each variant's tape or
+    optimizer wrapper (``route``: :attr:`Timed.probe`).
+
+    Collective: every rank must call this with the same variants and shapes.
+    """
+    probes = {None: selfcheck.probe_coefficients(shapes, rank)}
+    for r in sorted({v.compression_rank for v in variants.values() if v.compression_rank}):
+        probes[r] = selfcheck.low_rank_probe_coefficients(shapes, rank, r,
+                                                          bench_modes.POWERSGD_SEED)
+    hpcrep = variants.get("hpcrep") or variant("hpcrep")
+    checks: dict[str, dict] = {mode: {} for mode in variants}
+    for r, coefficients in probes.items():
+        mean, tolerance = selfcheck.exact_mean_and_tolerance(coefficients)
+        bound = "the float32 bound"
+        if r is not None:
+            tolerance = selfcheck.compressed_tolerances(mean, tolerance, r,
+                                                        bench_modes.POWERSGD_SEED)
+            bound = f"PowerSGD rank {r}'s bound"
+        reference = _probe(hpcrep, route, coefficients)
+        for mode, v in variants.items():
+            if v.compression_rank == r:
+                key = "gradient"
+            elif mode == "nosync":
+                key = f"powersgd{r}_probe"
+            else:
+                continue
+            result = reference if mode == "hpcrep" else _probe(v, route, coefficients)
+            checks[mode][key] = selfcheck.gradient_verdict(
+                result, mean, tolerance, mode != "nosync", size,
+                None if mode == "hpcrep" else reference, bound)
+        del mean, tolerance, reference
+    return checks
 
 
 def _probe(v: Variant, route: str, coefficients: list) -> list:
