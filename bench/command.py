@@ -11,8 +11,10 @@ against its own nosync, under ``.venv-peers/bin/python``, when ``make peers`` ha
 (``bench/peers.py``); the report says how to build it otherwise. The machine's load is sampled
 before and after. Every rank gets the same number of cores
 (``--cores-per-rank``, ``bench/placement.py``) at every rank count, so efficiencies compare like
-with like. The allreduce benchmark (``bench.allreduce``) runs in the same invocation. Results,
-plots and a projection to 8..1024 ranks go to ``reports/<timestamp>/``.
+with like. ``--variants`` adds hpcrep variants to the same jobs (``bench/modes.py``: PowerSGD
+of rank R, the autotuned exchange). The allreduce benchmark (``bench.allreduce``) runs in the
+same invocation. Results, plots and a projection to 8..1024 ranks go to
+``reports/<timestamp>/``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="run every job across this many nodes of the multi-node test "
                              "cluster (tests/cluster, root; ranks spread evenly)")
     parser.add_argument("--link", help="with --cluster-nodes: cap each node's link (1gbit, ...)")
+    parser.add_argument("--variants", default="",
+                        help="extra hpcrep variants timed in the same jobs as hpcrep, no-sync and "
+                             "raw MPI, comma-separated: hpcrep_powersgdR (PowerSGD of rank R, "
+                             "e.g. hpcrep_powersgd2), hpcrep_autotune (HPCREP_AUTOTUNE=1, "
+                             "settled before the timing, then frozen); default none")
     parser.add_argument("--cores-per-rank", type=int, default=0,
                         help="TensorFlow threads per rank at every rank count (default: cores // "
                              "the largest rank count, at least 1)")
@@ -124,6 +131,12 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
         args.repeats = REPEATS[bool(args.quick)]
     if args.repeats < 1:
         raise SystemExit(f"--repeats needs a positive number, got {args.repeats}")
+    from bench.modes import parse_variants  # noqa: PLC0415
+
+    try:
+        variants = parse_variants(getattr(args, "variants", "") or "")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     from bench.placement import default_cores_per_rank, thread_env  # noqa: PLC0415
 
     cores = machine()["cores"]
@@ -140,7 +153,7 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
     start = time.time()
     report: dict[str, Any] = {"created": datetime.datetime.now().isoformat(timespec="seconds"),
                               "quick": bool(args.quick), "ranks": ranks,
-                              "repeats": args.repeats,
+                              "repeats": args.repeats, "variants": variants,
                               "machine": machine(), "versions": versions(), "models": {},
                               "cores_per_rank": args.cores_per_rank, "peers": {}, "errors": [],
                               "cluster": nodes.describe() if nodes is not None else None,
@@ -150,8 +163,9 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
     if horovod["status"] != "importable":
         print(f"bench: Horovod {horovod['status']}: {horovod['how_to_build']}", flush=True)
     for model in models:
-        report["models"][model] = run_model(model, ranks, args, out, report["errors"], MODES,
-                                            nodes, horovod.get("python"))
+        report["models"][model] = run_model(model, ranks, args, out, report["errors"],
+                                            MODES + tuple(variants), nodes,
+                                            horovod.get("python"))
     if not args.no_allreduce:
         cpu_start = _children_cpu_seconds()
         report["allreduce"] = run_allreduce([r for r in ranks if r > 1] or [2], out, args.quick,

@@ -13,23 +13,38 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Optional
 
+from bench.modes import AUTOTUNE, display_name, powersgd_rank
+
 PEER_NAMES = {"hpcrep": "hpcrep", "nosync": "no-sync upper bound",
               "mpi4py": "raw mpi4py allreduce", "horovod": "Horovod",
-              "mwms": "tf.distribute MultiWorkerMirroredStrategy"}
+              "mwms": "tf.distribute MultiWorkerMirroredStrategy",
+              AUTOTUNE: "hpcrep autotuned"}  # hpcrep_powersgdR: peer_name()
 # Colour-blind-safe (Okabe-Ito), one per peer, used by every plot.
 PEER_COLOURS = {"hpcrep": "#0072B2", "nosync": "#999999", "mpi4py": "#E69F00",
-                "horovod": "#009E73", "mwms": "#CC79A7"}
+                "horovod": "#009E73", "mwms": "#CC79A7", AUTOTUNE: "#56B4E9"}
+# hpcrep_powersgdR, by R: 1, 2, 4 (then again from 8) have colours of their own.
+POWERSGD_COLOURS = ("#D55E00", "#882255", "#F0E442")
 MODEL_COLOURS = {"resnet50": "#0072B2", "sngan": "#D55E00", "d4pg": "#009E73"}
 OTHER_COLOURS = ["#56B4E9", "#F0E442", "#000000", "#882255"]
 IDEAL = {"color": "black", "linestyle": "--", "linewidth": 1, "zorder": 3}
 
 
 def colour(name: str, table: dict[str, str] = PEER_COLOURS) -> str:
-    """The colour of ``name`` in ``table``; an unknown name gets a fixed colour chosen from its
-    letters (the same in every plot and every run)."""
+    """The colour of ``name`` in ``table`` (``hpcrep_powersgdR`` among the peers: one of
+    :data:`POWERSGD_COLOURS` by R); an unknown name gets a fixed colour chosen from its letters
+    (the same in every plot and every run)."""
     if name in table:
         return table[name]
+    rank = powersgd_rank(name) if table is PEER_COLOURS else None
+    if rank is not None:
+        return POWERSGD_COLOURS[(rank.bit_length() - 1) % len(POWERSGD_COLOURS)]
     return OTHER_COLOURS[sum(name.encode()) % len(OTHER_COLOURS)]
+
+
+def peer_name(mode: str) -> str:
+    """The name plots and reports give ``mode`` (:data:`PEER_NAMES`, 'hpcrep PowerSGD rank R'
+    for ``hpcrep_powersgdR``, else the mode itself)."""
+    return display_name(mode, PEER_NAMES)
 
 
 def rank_ticks(ranks: Iterable[int]) -> list[int]:
@@ -71,12 +86,12 @@ def model_figure(name: str, model: dict) -> Any:
     if base_mode is not None and runs[base_mode]["1"].get("throughput"):
         one = runs[base_mode]["1"]["throughput"]
         ax1.plot(ranks, [n * one for n in ranks], **IDEAL,
-                 label=f"ideal (n x 1-rank {PEER_NAMES.get(base_mode, base_mode)})")
+                 label=f"ideal (n x 1-rank {peer_name(base_mode)})")
     ax2.plot(ranks, [1.0] * len(ranks), **IDEAL, label="ideal")
     for mode, by_n in runs.items():
         # a variant that failed its self-check has no figures
         ns = sorted((n for n in by_n if by_n[n].get("throughput") is not None), key=int)
-        style = {"color": colour(mode), "marker": "o", "label": PEER_NAMES.get(mode, mode)}
+        style = {"color": colour(mode), "marker": "o", "label": peer_name(mode)}
         ax1.plot([int(n) for n in ns], [by_n[n]["throughput"] for n in ns], **style)
         eff = [(int(n), by_n[n]["efficiency"]) for n in ns if by_n[n].get("efficiency") is not None]
         if eff:

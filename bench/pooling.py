@@ -29,7 +29,8 @@ def pool_jobs(jobs: Sequence[dict[str, dict]]) -> dict[str, dict]:
     min-max and ``throughput`` with min-max over all those rounds, ``jobs`` (how many jobs),
     ``rounds`` (all rounds pooled), ``job_rounds`` (rounds per job), ``job_step_ms`` (each job's
     median step time), ``job_warmup_ms`` (each job's warm-up steps), ``trace`` where jobs traced
-    the mode (:func:`bench.exposed.pool_traces`) and ``check``: the first
+    the mode (:func:`bench.exposed.pool_traces`), ``autotune`` where jobs settled a tuner for
+    it (each job's settlement, in job order) and ``check``: the first
     failed job's check, else the first job's, with ``job_checks_ok`` (each job's verdict). Then
     :func:`bench.job.split_communication` sets ``comm_ms``, ``vs_nosync`` (per-round ratios over
     all rounds, with ``jobs``: each job's median ratio) and withholds the figures of a mode that
@@ -89,6 +90,8 @@ def _pool_mode(timings: list[dict]) -> dict:
         "job_checks_ok": [None if c is None else bool(c.get("ok", True)) for c in checks]})
     out.pop("warmup_ms", None)
     out.pop("failed", None)
+    if any("autotune" in t for t in timings):  # hpcrep_autotune: each job settled its own tuner
+        out["autotune"] = [t.get("autotune") for t in timings]
     traces = [t.get("trace") for t in timings]
     if any(traces):
         out["trace"] = pool_traces(traces)

@@ -9,7 +9,8 @@ import os
 from typing import Optional
 
 from bench import memory, plots
-from bench.plots import PEER_NAMES
+from bench.modes import AUTOTUNE, powersgd_rank
+from bench.plots import peer_name
 from bench.report import (OWN_JOB_PEERS, SHORT_NAMES, cores_line, fmt, fmt_figure, fmt_spread,
                           idle_text, load_text, load_warning, pooling_line, summary_rows)
 
@@ -144,6 +145,21 @@ def _peers_md(report: dict) -> list[str]:
             f"{mwms.get('implementation')}: TensorFlow's collective ops over "
             f"{mwms.get('transport')}, against hpcrep's MPI over shared memory. It is a "
             "comparison of stacks, not of allreduce algorithms.")
+    modes = {mode for m in report["models"].values() for mode in m.get("runs", {})}
+    for rank in sorted({r for r in map(powersgd_rank, modes) if r is not None}):
+        lines.append(
+            f"- **{peer_name(f'hpcrep_powersgd{rank}')}** (`--variants`): hpcrep's step with "
+            f"`compression=hvd.Compression.powersgd(rank={rank})` (no warm-up): matrices sent "
+            f"as two fused allreduces of rank-{rank} factors with error feedback, vectors "
+            "uncompressed; one PowerSGD object per set of variables, kept from step to step. "
+            "It does not compute the exact average, so its gradient check uses a probe whose "
+            f"mean has rank {rank} (see 'Self-checks').")
+    if AUTOTUNE in modes:
+        lines.append(
+            f"- **{peer_name(AUTOTUNE)}** (`--variants`): hpcrep's step traced with "
+            "`HPCREP_AUTOTUNE=1`: before the timed rounds each job trains it alone until the "
+            "tuner settles (fusion threshold and piece size), then freezes it, so the timing "
+            "is of the settled setting (stated under each model).")
     lines.append("- Batch norm: each replica's own statistics in every variant (SN-GAN's "
                  "cross-replica batch norm is off in the benchmark, so the variants differ only "
                  "in how they average gradients).")
@@ -180,7 +196,7 @@ def _model_md(name: str, model: dict) -> list[str]:
         job = "own" if mode in OWN_JOB_PEERS else "main"
         for n, r in sorted(runs.items(), key=lambda kv: int(kv[0])):
             lines.append(
-                f"| {PEER_NAMES.get(mode, mode)} | {job} | {n} | "
+                f"| {peer_name(mode)} | {job} | {n} | "
                 f"{fmt(r.get('threads_per_rank'), 'd')} | {_pooled_text(r)} | "
                 f"{_run_spread(r, 'throughput')} | {_run_spread(r, 'step_ms')} | "
                 f"{_job_medians_text(r)} | "
@@ -194,13 +210,38 @@ def _model_md(name: str, model: dict) -> list[str]:
                 f"{fmt(r.get('threads_per_rank'), 'd')} | {_pooled_text(r)} | "
                 f"{_run_spread(r, 'throughput')} | {_run_spread(r, 'step_ms')} | "
                 f"{_job_medians_text(r)} | 1 | - | - | - | - |")
+    tuned = [autotune_text(n, r.get("autotune")) for n, r in sorted(
+        model.get("runs", {}).get(AUTOTUNE, {}).items(), key=lambda kv: int(kv[0]))]
+    if tuned:
+        lines += ["", f"{peer_name(AUTOTUNE)}, before the timing: " + " ".join(tuned)]
     if model.get("ratios"):
         lines += ["", "hpcrep throughput / peer throughput (median [min-max]):", ""]
         for peer, ratios in model["ratios"].items():
             via = " (each against its own job's no-sync)" if peer in OWN_JOB_PEERS else ""
-            lines.append(f"- {PEER_NAMES.get(peer, peer)}{via}: " + ", ".join(
+            lines.append(f"- {peer_name(peer)}{via}: " + ", ".join(
                 f"{n} ranks {fmt_figure(val)}x" for n, val in ratios.items()))
     return lines + [""]
+
+
+def autotune_text(n: str, settlements: Optional[list]) -> str:
+    """One sentence: how each job's tuner settled for ``hpcrep_autotune`` at ``n`` ranks (job
+    order), from the settlements :func:`bench.overlap.settle_autotune` returned (``settled``
+    None: no tuner ran)."""
+    from hpcrep.comm.autotune import Setting  # noqa: PLC0415
+
+    if not settlements:
+        return f"{n} ranks: not recorded."
+    parts = []
+    for i, t in enumerate(settlements, start=1):
+        job = f"job {i}: " if len(settlements) > 1 else ""
+        if not t or t.get("settled") is None:
+            parts.append(job + ((t or {}).get("detail") or "no tuner ran"))
+            continue
+        setting = Setting(t["threshold"], t["chunk"], t.get("fp16", False))
+        state = "settled" if t["settled"] else "had not settled, frozen"
+        parts.append(f"{job}{state} after {t['steps']} steps ({t['seconds']:.0f} s, "
+                     f"{len(t.get('trials') or [])} settings timed) on {setting}")
+    return f"{n} ranks: " + "; ".join(parts) + "."
 
 
 def _pooled_text(run: dict) -> str:
@@ -250,7 +291,16 @@ def _checks_md(report: dict) -> list[str]:
              "gradient is exactly the mean of the c_rank) through the same tape or optimizer "
              "wrapper; it must match the float64 mean within (n + 2) 2^-24 sum|c| / n per "
              "element (the float32 rounding of n - 1 additions and one scaling by 1/n) and "
-             "hpcrep's own within twice that. 'worst' is the largest error over that bound.", "",
+             "hpcrep's own within twice that. 'worst' is the largest error over that bound."
+             + (" PowerSGD (hpcrep PowerSGD rank R) averages exactly only gradients whose mean "
+                "has rank R or less: its probe is, for each matrix it compresses, c_rank = "
+                "U_rank V^T (U_rank random per rank, V shared: PowerSGD's starting Q, scaled), "
+                "whose mean has rank R, and its bound adds 8 u kappa ||mean||_F per element "
+                "(kappa = ||mean||_2 / sigma_R(mean Q): PowerSGD's QR and matmul rounding, "
+                "bench/selfcheck.py); vectors keep the float32 bound. no-sync takes that probe "
+                "too and must fail it." if any(
+                    powersgd_rank(mode) is not None for m in report["models"].values()
+                    for mode in m.get("runs", {})) else ""), "",
              "| model | ranks | variant | weights | gradient (worst / bound) |",
              "|---|---:|---|---|---|"]
     for name, model in report["models"].items():
@@ -258,12 +308,21 @@ def _checks_md(report: dict) -> list[str]:
             for n, r in sorted(by_n.items(), key=lambda kv: int(kv[0])):
                 check = r.get("check") or {}
                 w, g = check.get("weights") or {}, check.get("gradient") or {}
+                gradient = [_verdict_text(g)] if g else []
+                gradient += [f"PowerSGD rank {key[len('powersgd'):-len('_probe')]}'s probe: "
+                             + _verdict_text(c) for key, c in check.items()
+                             if key.startswith("powersgd") and key.endswith("_probe")]
                 lines.append(
-                    f"| {name} | {n} | {PEER_NAMES.get(mode, mode)} | "
+                    f"| {name} | {n} | {peer_name(mode)} | "
                     f"{('ok: ' if w.get('ok') else 'FAILED: ') + w['detail'] if w else '-'} | "
-                    + (f"{'ok' if g.get('ok') else 'FAILED'}: {g.get('detail')} "
-                       f"({g.get('worst_over_tolerance', 0):.2g})" if g else "-") + " |")
+                    + ("; ".join(gradient) or "-") + " |")
     return lines + [""]
+
+
+def _verdict_text(check: dict) -> str:
+    """A gradient verdict as the self-checks table shows it: outcome, detail, worst / bound."""
+    return (f"{'ok' if check.get('ok') else 'FAILED'}: {check.get('detail')} "
+            f"({check.get('worst_over_tolerance', 0):.2g})")
 
 
 def _horovod_md(report: dict) -> list[str]:
