@@ -61,3 +61,16 @@ def test_machine_busy_seconds_reads_this_machine():
     while time.perf_counter() < deadline:  # 0.2 s of CPU work: 20 ticks of /proc/stat
         pass
     assert machine_busy_seconds()[1] > busy
+
+
+def test_powersgd_ceilings_use_its_bytes_and_its_own_arithmetic():
+    busy = {"nosync": 1000.0, "powersgd2_compute": 100.0, "powersgd2_compute_tfops": 160.0}
+    steps = {"nosync": 500.0, "hpcrep_powersgd2": 560.0, "forward": 150.0,
+             "powersgd2_compute": 50.0, "powersgd2_compute_tfops": 80.0}
+    text = render_markdown(_report(cluster={"nodes": 2, "link": "2gbit"}, busy_cpu_ms=busy,
+                                   cores=2, step_ms=steps, powersgd_bytes={"2": 1_000_000}))
+    # wire: 150 + 1 MB at 250 MB/s = 154; CPU: (1000 + 100) / 2 = 550: 500 / 550 = 0.91
+    assert ("| PowerSGD rank 2 | 154 | 550 | 0.91 | hpcrep_powersgd2: 0.89, 0.98 of the "
+            "ceiling |") in text
+    assert "powersgd2_compute_tfops 80 ms (160 ms of CPU)" in text
+    assert "| hpcrep | powersgd2_compute" not in text
