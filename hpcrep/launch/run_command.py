@@ -27,6 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 from hpcrep import config
 from hpcrep.errors import LaunchOptionError
 from hpcrep.launch import hosts as hostlists
+from hpcrep.launch import relaunch
 from hpcrep.launch.mpirun import env_arguments, find_mpirun, flavor, mpirun_command, mpirun_env
 from hpcrep.launch.script_api import EXPLICIT_MODULES, ExplicitImport, script_imports
 from hpcrep.launch.supervise import supervise
@@ -47,10 +48,9 @@ class FeatureOption:
 
 # When a feature lands, its setting enters hpcrep/config.py's table and the option starts to
 # work: nothing to change here.
-_RELAUNCH = "give a fixed -np; a relaunched job resumes from HPCREP_ELASTIC_DIR or a checkpoint"
+_RELAUNCH = ("use --elastic (relaunch from the last commit on the hosts still reachable) or "
+             "a fixed -np")
 FEATURE_OPTIONS: tuple[FeatureOption, ...] = (
-    FeatureOption("min_np", "--min-np", "HPCREP_ELASTIC_MIN_NP", "elastic training (issue 22)",
-                  _RELAUNCH),
     FeatureOption("max_np", "--max-np", "HPCREP_ELASTIC_MAX_NP", "elastic training (issue 22)",
                   _RELAUNCH),
     FeatureOption("timeline_filename", "--timeline-filename", "HPCREP_TIMELINE",
@@ -83,8 +83,9 @@ in transparent mode (python -m hpcrep). --transparent / --no-transparent overrid
 horovodrun -> hpcrep run: -np/--num-proc, -H/--hosts, --hostfile, --verbose, --mpi-args: the
 same. --timeline-filename FILE (or --timeline; --timeline-steps A:B) sets HPCREP_TIMELINE
 (HPCREP_TIMELINE_STEPS) on every rank. --autotune (--autotune-log-file FILE) sets
-HPCREP_AUTOTUNE (HPCREP_AUTOTUNE_LOG). --min-np/--max-np (elastic): refused with a message until
-the feature exists, then passed to every rank as its HPCREP_* setting.
+HPCREP_AUTOTUNE (HPCREP_AUTOTUNE_LOG). --elastic (--reset-limit, --min-np): after a failure the
+job is relaunched from its last hvd.elastic commit on the hosts still reachable (no ULFM: the
+ranks restart); --max-np (growing back) is refused with a message until it exists.
 
 inside a Slurm allocation srun starts the ranks where the allocation is, so -H and --hostfile
 are an error there (a warning would run ranks elsewhere than you asked): leave them out, or use
@@ -169,9 +170,11 @@ def _python_and_script(options: argparse.Namespace) -> tuple[str, str, list[str]
 
 
 def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str]] = None,
-                 mpirun: Optional[str] = None) -> Launch:
+                 mpirun: Optional[str] = None,
+                 settings: Sequence[tuple[str, str]] = ()) -> Launch:
     """Return what ``hpcrep run`` with ``options`` (its parsed arguments) starts. Reads the
-    script (to choose the mode) and a hostfile; starts nothing.
+    script (to choose the mode) and a hostfile; starts nothing. ``settings`` (name, value)
+    reach every rank besides the options' own (``HPCREP_ELASTIC_DIR`` under ``--elastic``).
 
     Raises:
         LaunchOptionError: a bad rank count, host list or hostfile, more ranks than slots, hosts
@@ -182,7 +185,8 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
         raise LaunchOptionError(f"-np must be at least 1, got {options.np}")
     python, script, args = _python_and_script(options)
     options = argparse.Namespace(**{**vars(options), "script": script, "args": args})
-    settings = feature_settings(options)
+    settings = feature_settings(options) + list(settings)
+    _check_elastic(options)
     transparent, found, reason = _mode(options)
     command = rank_command(script, args, python, transparent)
     extra = shlex.split(options.mpi_args or "")
@@ -199,6 +203,10 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
             family = flavor(mpirun or find_mpirun())[0]
         except FileNotFoundError:
             family = "openmpi"
+        if options.elastic:
+            raise LaunchOptionError("--elastic relaunches through mpirun; inside a Slurm "
+                                    "allocation use --launcher mpirun, or Slurm's requeue "
+                                    "(slurm/README.md) with HPCREP_ELASTIC_DIR set")
         argv = srun.srun_command(options.np, [*extra, *command], srun.mpi_plugin(family))
         return Launch(argv, script, dict(settings), transparent, found, reason, "srun")
     hosts, given = _hosts(options)
@@ -214,6 +222,21 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
                   transparent, found, reason)
 
 
+def _check_elastic(options: argparse.Namespace) -> None:
+    """Refuse ``--min-np``/``--reset-limit`` values that cannot work (LaunchOptionError)."""
+    elastic = getattr(options, "elastic", False)
+    min_np = getattr(options, "min_np", None)
+    if min_np is not None and not elastic:
+        raise LaunchOptionError("--min-np applies to --elastic (the least ranks a relaunch may "
+                                "have); add --elastic or leave --min-np out")
+    if min_np is not None and (min_np < 1 or (options.np is not None and min_np > options.np)):
+        raise LaunchOptionError(f"--min-np {min_np}: give a number from 1 to -np "
+                                f"({options.np})")
+    if elastic and getattr(options, "reset_limit", 0) < 0:
+        raise LaunchOptionError(f"--reset-limit {options.reset_limit}: give 0 or more "
+                                "relaunches")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add ``hpcrep run``'s arguments (horovodrun's names) and its examples."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -227,8 +250,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="hosts and their slots, e.g. node1:2,node2:2 (a host alone: 1 slot)")
     where.add_argument("--hostfile", "-hostfile", default=None, metavar="FILE",
                        help="one host a line: 'host slots=N' (horovodrun, Open MPI) or 'host:N'")
-    parser.add_argument("--min-np", type=int, default=None, help="elastic: not available yet")
-    parser.add_argument("--max-np", type=int, default=None, help="elastic: not available yet")
+    parser.add_argument("--elastic", action="store_true", default=False,
+                        help="after a failure, relaunch from the last hvd.elastic commit "
+                             "(HPCREP_ELASTIC_DIR) on the hosts still reachable")
+    parser.add_argument("--reset-limit", type=int, default=3, metavar="N",
+                        help="with --elastic: relaunch at most N times (default 3)")
+    parser.add_argument("--min-np", type=int, default=None,
+                        help="with --elastic: relaunch only if at least this many ranks fit "
+                             "on the hosts still reachable (default 1)")
+    parser.add_argument("--max-np", type=int, default=None,
+                        help="elastic growing back: not available yet")
     parser.add_argument("--timeline-filename", "--timeline", dest="timeline_filename",
                         default=None, metavar="FILE",
                         help="record a merged timeline of every rank's collectives and steps; "
@@ -288,4 +319,33 @@ def main(args: Any) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if launch.launcher == "srun":
         return subprocess.call(launch.argv, env=env)
+    if args.elastic:
+        return _run_elastic(args, env)
     return supervise(launch.argv, env=env)
+
+
+def _run_elastic(args: argparse.Namespace, env: dict) -> int:
+    """``--elastic``: run under :func:`hpcrep.launch.relaunch.run_elastic`, each attempt built
+    for its rank count and hosts, with ``HPCREP_ELASTIC_DIR`` on every rank."""
+    hosts, given = _hosts(args)
+    ranks = hostlists.check_ranks(args.np, hosts, given) if hosts else args.np
+    mpirun = find_mpirun()
+    family = flavor(mpirun)[0]
+    extra = shlex.split(args.mpi_args or "")
+
+    def launch(n: int, where: Sequence[hostlists.Host], attempt_env: dict) -> int:
+        placed = argparse.Namespace(**{
+            **vars(args), "np": n, "hostfile": None,
+            "hosts": ",".join(f"{h.name}:{h.slots}" for h in where) or None})
+        built = build_launch(placed, mpirun=mpirun, settings=[
+            ("HPCREP_ELASTIC_DIR", attempt_env["HPCREP_ELASTIC_DIR"])])
+        if args.verbose:
+            print(f"hpcrep run: {shlex.join(built.argv)}", file=sys.stderr, flush=True)
+        return supervise(built.argv, env=attempt_env)
+
+    def probe(host: hostlists.Host) -> list[str]:
+        return mpirun_command(1, ["true"], mpirun=mpirun,
+                              extra=hostlists.host_arguments([host], family) + extra)
+
+    return relaunch.run_elastic(launch, ranks, hosts, env, args.reset_limit, args.min_np or 1,
+                                probe_argv=probe)

@@ -1,7 +1,12 @@
-"""A Horovod-elastic-style Keras job for tests/launch/test_elastic_resume.py: commits after every
-epoch; ``--fail-at E`` makes rank 1 raise at the start of epoch E (the whole job then aborts)."""
+"""A Horovod-elastic-style Keras job for tests/launch/test_elastic_resume.py and
+test_elastic_relaunch.py: commits after every epoch; ``--fail-at E`` makes rank 1 raise at the
+start of epoch E (the whole job then aborts); with ``--kill-once MARKER`` rank 1 SIGKILLs itself
+there instead, only if MARKER does not exist yet (it creates it first), so a relaunch goes on."""
 
 import argparse
+import os
+import signal
+import time
 
 import keras
 import numpy as np
@@ -11,6 +16,8 @@ import hpcrep.tensorflow.keras as hvd
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=5)
 parser.add_argument("--fail-at", type=int, default=-1)
+parser.add_argument("--kill-once", metavar="MARKER")
+parser.add_argument("--epoch-sleep", type=float, default=0.0, help="seconds after each commit")
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 
@@ -28,13 +35,21 @@ y = x.sum(axis=1, keepdims=True)
 
 @hvd.elastic.run
 def train(state):
-    print(f"rank {hvd.rank()} starts at epoch {state.epoch}", flush=True)
+    print(f"rank {hvd.rank()} starts at epoch {state.epoch} at {time.time():.3f}", flush=True)
     for epoch in range(state.epoch, args.epochs):
         if epoch == args.fail_at and hvd.rank() == 1:
-            raise RuntimeError(f"injected failure at epoch {epoch}")
+            if args.kill_once is None:
+                raise RuntimeError(f"injected failure at epoch {epoch}")
+            if not os.path.exists(args.kill_once):
+                with open(args.kill_once, "w") as f:
+                    f.write(f"{time.time():.3f}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         state.epoch = epoch + 1
         state.commit()
+        if hvd.rank() == 0:
+            print(f"rank 0 finished epoch {epoch} at {time.time():.3f}", flush=True)
+        time.sleep(args.epoch_sleep)
 
 
 train(state)

@@ -146,7 +146,6 @@ def test_horovodrun_python_word_picks_the_ranks_python(tmp_path, scripts):
 
 
 @pytest.mark.parametrize("option, words", [
-    (["--min-np", "2"], ["--min-np", "elastic training (issue 22)", "HPCREP_ELASTIC_MIN_NP"]),
     (["--max-np", "8"], ["--max-np", "elastic training (issue 22)", "HPCREP_ELASTIC_MAX_NP"]),
     (["--timeline-filename", "t.json"], ["--timeline-filename", "issue 23", "HPCREP_TIMELINE"]),
     (["--autotune"], ["--autotune", "issue 28", "HPCREP_AUTOTUNE"]),
@@ -167,15 +166,15 @@ def test_feature_settings_reach_every_rank_once_they_exist(tmp_path, scripts, mo
     plain, _ = scripts
     for f in run_command.FEATURE_OPTIONS:
         monkeypatch.setitem(config.SETTINGS, f.setting, config.Setting(f.setting, str, "", "x"))
-    argv = ["-np", "2", "--min-np", "1", "--timeline-filename", "t.json", "--autotune", plain]
+    argv = ["-np", "2", "--max-np", "4", "--timeline-filename", "t.json", "--autotune", plain]
     got = launch(tmp_path, argv)
     first = got.argv.index("-x")
     assert got.argv[first:first + 7] == [
-        "-x", "HPCREP_ELASTIC_MIN_NP=1", "-x", "HPCREP_TIMELINE=t.json", "-x", "HPCREP_AUTOTUNE=1",
+        "-x", "HPCREP_ELASTIC_MAX_NP=4", "-x", "HPCREP_TIMELINE=t.json", "-x", "HPCREP_AUTOTUNE=1",
         sys.executable]
     assert "-genv" in launch(tmp_path, argv, text=MPICH_4).argv
     inside = launch(tmp_path, argv, environ={"SLURM_JOB_ID": "7"})  # srun passes the env on
-    assert inside.env == {"HPCREP_ELASTIC_MIN_NP": "1", "HPCREP_TIMELINE": "t.json",
+    assert inside.env == {"HPCREP_ELASTIC_MAX_NP": "4", "HPCREP_TIMELINE": "t.json",
                           "HPCREP_AUTOTUNE": "1"}
 
 

@@ -11,8 +11,9 @@ callbacks never fire; a rank that fails ends the whole job (``hpcrep run`` abort
 hang), and ``run`` does not retry in-process. What replaces the retry is restart-from-commit:
 with ``HPCREP_ELASTIC_DIR`` set, rank 0 also writes every commit there, and the first ``sync`` of
 a relaunched job (``hpcrep run`` again, or a Slurm requeue; any number of ranks) resumes every rank
-from that commit. Keras states resume weights only into a built model (give it an ``Input``).
-Scripts written for Horovod elastic run unchanged, as fixed-size jobs.
+from that commit; ``hpcrep run --elastic`` relaunches by itself on the hosts still reachable
+(:mod:`hpcrep.launch.relaunch`). Keras states resume weights only into a built model (give it
+an ``Input``). Scripts written for Horovod elastic run unchanged, as fixed-size jobs.
 """
 
 from hpcrep.tensorflow._keras.elastic import TensorFlowKerasState

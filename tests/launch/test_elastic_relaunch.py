@@ -1,0 +1,69 @@
+"""``hpcrep run --elastic`` without ULFM: a rank SIGKILLed mid-run ends the job, ``hpcrep run``
+relaunches it from the last ``hvd.elastic`` commit (one ``hpcrep run``, exit 0) and it ends with
+the weights of a run that never failed; a job that fails before committing anything is not
+relaunched."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+JOB = str(Path(__file__).with_name("elastic_job.py"))
+
+
+def hpcrep_run(mpirun, cwd, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``hpcrep run ARGV`` from ``cwd`` (where --elastic makes its commit directory)."""
+    env = mpirun.env({"HPCREP_THREADS": "1",
+                      "PYTHONPATH": os.pathsep.join([str(mpirun.root),
+                                                     os.environ.get("PYTHONPATH", "")])})
+    env.pop("HPCREP_ELASTIC_DIR", None)
+    try:
+        return subprocess.run([sys.executable, "-m", "hpcrep.cli", "run", *argv],
+                              capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"hpcrep run did not end within {timeout} s: {argv}\n{exc.stderr}")
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_rank_is_relaunched_from_the_last_commit_by_one_hpcrep_run(mpirun, scratch):
+    marker, out = os.path.join(scratch, "killed-once"), os.path.join(scratch, "relaunched.npz")
+    run = hpcrep_run(mpirun, scratch, "-np", "2", "--elastic", JOB, "--fail-at", "3",
+                     "--kill-once", marker, "--out", out)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert os.path.exists(marker)  # rank 1 did die
+    assert "relaunching 2 rank(s) on this machine from the last commit" in run.stderr, run.stderr
+    starts = re.findall(r"rank 0 starts at epoch (\d+)", run.stdout)
+    assert starts == ["0", "3"], run.stdout  # two attempts, the second from the commit of epoch 3
+    finished = [int(e) for e in re.findall(r"rank 0 finished epoch (\d+)", run.stdout)]
+    assert finished == [0, 1, 2, 3, 4], run.stdout  # every epoch trained once in what was kept
+    assert not glob.glob(os.path.join(scratch, ".hpcrep-elastic-*"))  # removed after success
+    kill = float(Path(marker).read_text())
+    first = float(re.search(r"rank 0 finished epoch 3 at ([0-9.]+)", run.stdout).group(1))
+    print(f"failure to the first resumed epoch's end: {first - kill:.1f} s")
+
+    clean_out = os.path.join(scratch, "clean.npz")  # launched the same way, never failing
+    clean = hpcrep_run(mpirun, scratch, "-np", "2", "--elastic", JOB, "--out", clean_out)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    assert "relaunching" not in clean.stderr
+    a, b = np.load(out), np.load(clean_out)
+    assert len(a.files) == 4
+    for key in a.files:  # weights, and (through the commit) SGD momentum, carried over
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.timeout(300)
+def test_a_job_that_fails_before_committing_is_not_relaunched(mpirun, scratch):
+    run = hpcrep_run(mpirun, scratch, "-np", "2", "--elastic", "--reset-limit", "5", JOB,
+                     "--fail-at", "0", "--out", os.path.join(scratch, "never.npz"))
+    assert run.returncode != 0
+    assert "not relaunching: it committed nothing new" in run.stderr, run.stderr[-3000:]
+    assert run.stdout.count("rank 0 starts at epoch 0") == 1, run.stdout
+    kept = glob.glob(os.path.join(scratch, ".hpcrep-elastic-*"))
+    assert len(kept) == 1 and f"HPCREP_ELASTIC_DIR={kept[0]}" in run.stderr
