@@ -74,6 +74,21 @@ class Cluster:
         subprocess.run(["bash", str(HERE / f"{action}.sh"), node], check=True,
                        capture_output=True, text=True, timeout=30)
 
+    def wait_until_nodes_run(self, patience: float = 120) -> Optional[float]:
+        """Return seconds until a job runs on every node again (after a heal: a healed link can
+        take a while to carry the launcher's connections again), or None after ``patience``."""
+        start = time.monotonic()
+        while time.monotonic() - start < patience:
+            proc = self.popen(["-n", str(len(self.nodes)), "--map-by", "ppr:1:node"], ["true"])
+            try:
+                if proc.wait(timeout=30) == 0:
+                    return time.monotonic() - start
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            time.sleep(2)
+        return None
+
     @staticmethod
     def wait_until_gone(pids: Sequence[int], timeout: float) -> Optional[float]:
         """Return seconds until every process in ``pids`` has exited, or None after ``timeout``."""

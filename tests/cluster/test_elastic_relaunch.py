@@ -46,7 +46,7 @@ def test_a_cut_node_is_left_out_and_the_job_relaunched_from_its_last_commit(clus
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         cluster.fault("heal", cluster.nodes[1])
-        _wait_until_both_nodes_run(cluster)  # for the tests after this one
+        cluster.wait_until_nodes_run()  # for the tests after this one
     out = "".join(lines)
     for line in out.splitlines():
         if "elastic:" in line:
@@ -66,17 +66,3 @@ def test_a_cut_node_is_left_out_and_the_job_relaunched_from_its_last_commit(clus
     print(f"\nlink cut; first epoch of the relaunched job done {resumed - cut:.1f} s later "
           f"(HPCREP_STALL_TIMEOUT={STALL_TIMEOUT}); {len(epochs)} epochs logged")
 
-
-def _wait_until_both_nodes_run(cluster, patience: float = 120) -> None:
-    """Return once a job runs on both nodes again after a heal (a healed link can take a while
-    to carry the launcher's connections again)."""
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        proc = cluster.popen(["-n", "2", "--map-by", "ppr:1:node"], ["true"])
-        try:
-            if proc.wait(timeout=30) == 0:
-                return
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        time.sleep(2)

@@ -7,8 +7,7 @@ ranks, as under a launcher that would not notice (srun notices a dead node only 
 SlurmdTimeout). Open MPI 4.1's ``mpirun`` then waits for the daemon of the node it cannot reach;
 in a batch job it would hold the allocation until the time limit. hpcrep's launchers run it
 under :mod:`hpcrep.launch.supervise`, which ends it ``HPCREP_LAUNCHER_GRACE`` seconds after a
-rank's abort notice. Checked: ``tests/cluster/mpirun.sh`` (``hpcrep run -H`` is left out for
-now, see below).
+rank's abort notice. Checked: ``tests/cluster/mpirun.sh`` and ``hpcrep run -H``.
 """
 
 from __future__ import annotations
@@ -64,11 +63,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(420)
-# "hpcrep run" is left out for now: in the gate of 2026-11-26, run right after the mpirun.sh case
-# (whose cut was healed in its finally), its job never started: node2's daemon could not open a
-# TCP connection back to the host. It passed when the helper ran both cases; the cause is not
-# established. Put it back once the fixture waits until a healed link carries traffic again.
-@pytest.mark.parametrize("launcher", ["mpirun.sh"])
+# In the gate of 2026-11-26 "hpcrep run", run right after the mpirun.sh case, never started:
+# node2's daemon could not open a TCP connection back to the host after the heal. Each case now
+# waits after its heal until a job runs on both nodes again (Cluster.wait_until_nodes_run).
+@pytest.mark.parametrize("launcher", ["mpirun.sh", "hpcrep run"])
 def test_launcher_exits_within_50_s_of_a_cut_link(cluster, tmp_path, launcher):
     prefix = tmp_path / "progress"
     proc = _start(cluster, launcher, prefix)
@@ -91,6 +89,7 @@ def test_launcher_exits_within_50_s_of_a_cut_link(cluster, tmp_path, launcher):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         cluster.fault("heal", "node2")
+        cluster.wait_until_nodes_run()
     if out is None:
         out, _ = proc.communicate()
         pytest.fail(f"{launcher}: the launcher was still running {PATIENCE} s after the cut "
