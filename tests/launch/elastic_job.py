@@ -1,7 +1,8 @@
 """A Horovod-elastic-style Keras job for tests/launch/test_elastic_resume.py and
 test_elastic_relaunch.py: commits after every epoch; ``--fail-at E`` makes rank 1 raise at the
 start of epoch E (the whole job then aborts); with ``--kill-once MARKER`` rank 1 SIGKILLs itself
-there instead, only if MARKER does not exist yet (it creates it first), so a relaunch goes on."""
+there instead (SIGSTOP with ``--stop-once``: a hung rank), only if MARKER does not exist yet (it
+creates it first), so a relaunch goes on."""
 
 import argparse
 import os
@@ -17,6 +18,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=5)
 parser.add_argument("--fail-at", type=int, default=-1)
 parser.add_argument("--kill-once", metavar="MARKER")
+parser.add_argument("--stop-once", action="store_true",
+                    help="with --kill-once: SIGSTOP instead of SIGKILL (a hung rank)")
 parser.add_argument("--epoch-sleep", type=float, default=0.0, help="seconds after each commit")
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
@@ -43,7 +46,7 @@ def train(state):
             if not os.path.exists(args.kill_once):
                 with open(args.kill_once, "w") as f:
                     f.write(f"{time.time():.3f}\n")
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGSTOP if args.stop_once else signal.SIGKILL)
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         state.epoch = epoch + 1
         state.commit()

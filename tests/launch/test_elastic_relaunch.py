@@ -1,7 +1,7 @@
 """``hpcrep run --elastic`` without ULFM: a rank SIGKILLed mid-run ends the job, ``hpcrep run``
 relaunches it from the last ``hvd.elastic`` commit (one ``hpcrep run``, exit 0) and it ends with
-the weights of a run that never failed; a job that fails before committing anything is not
-relaunched."""
+the weights of a run that never failed; a stopped (hung) rank is caught by the stall watchdog and
+the job relaunched the same way; a job that fails before committing anything is not relaunched."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ import pytest
 JOB = str(Path(__file__).with_name("elastic_job.py"))
 
 
-def hpcrep_run(mpirun, cwd, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def hpcrep_run(mpirun, cwd, *argv: str, timeout: float = 300,
+               env: dict | None = None) -> subprocess.CompletedProcess:
     """``hpcrep run ARGV`` from ``cwd`` (where --elastic makes its commit directory)."""
     env = mpirun.env({"HPCREP_THREADS": "1",
                       "PYTHONPATH": os.pathsep.join([str(mpirun.root),
-                                                     os.environ.get("PYTHONPATH", "")])})
+                                                     os.environ.get("PYTHONPATH", "")]),
+                      **(env or {})})
     env.pop("HPCREP_ELASTIC_DIR", None)
     try:
         return subprocess.run([sys.executable, "-m", "hpcrep.cli", "run", *argv],
@@ -56,6 +58,24 @@ def test_a_killed_rank_is_relaunched_from_the_last_commit_by_one_hpcrep_run(mpir
     assert len(a.files) == 4
     for key in a.files:  # weights, and (through the commit) SGD momentum, carried over
         np.testing.assert_allclose(a[key], b[key], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.timeout(300)
+def test_a_stopped_rank_is_caught_by_the_watchdog_and_the_job_relaunched(mpirun, scratch):
+    """A hung rank (SIGSTOP) never fails by itself: the others' stall watchdog aborts the job
+    HPCREP_STALL_TIMEOUT seconds later, every rank goes (the stopped one too), and --elastic
+    relaunches it from the last commit."""
+    marker, out = os.path.join(scratch, "stopped-once"), os.path.join(scratch, "after-stop.npz")
+    run = hpcrep_run(mpirun, scratch, "-np", "2", "--elastic", JOB, "--fail-at", "3",
+                     "--kill-once", marker, "--stop-once", "--out", out,
+                     env={"HPCREP_STALL_TIMEOUT": "5"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "has not completed after" in run.stderr, run.stderr[-3000:]  # the watchdog's report
+    assert re.findall(r"rank 0 starts at epoch (\d+)", run.stdout) == ["0", "3"], run.stdout
+    stop = float(Path(marker).read_text())
+    first = float(re.search(r"rank 0 finished epoch 3 at ([0-9.]+)", run.stdout).group(1))
+    print(f"stop to the first resumed epoch's end: {first - stop:.1f} s (stall timeout 5 s)")
+    assert os.path.exists(out)
 
 
 @pytest.mark.timeout(300)
