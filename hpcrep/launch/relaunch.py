@@ -143,10 +143,12 @@ def run_elastic(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
             break
         reachable = None
         if current_hosts and probe_argv is not None:
+            probed = time.monotonic()
             reachable = probe_hosts(current_hosts, probe_argv, env)
             lost = [h.name for h in current_hosts if h not in reachable]
-            if lost:
-                log(f"hpcrep run: elastic: no longer reachable: {', '.join(lost)}")
+            log(f"hpcrep run: elastic: probed {len(current_hosts)} host(s) in "
+                f"{time.monotonic() - probed:.1f} s"
+                + (f"; no longer reachable: {', '.join(lost)}" if lost else ""))
         decision = decide(attempt, ranks, reset_limit, min_np, reachable)
         if not decision.relaunch:
             log(f"hpcrep run: elastic: the job failed (exit {code}) after "
