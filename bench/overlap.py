@@ -135,7 +135,6 @@ def _powersgd_compute(variables: Sequence[Any], rank: int,
     import tensorflow as tf  # noqa: PLC0415
 
     import hpcrep.tensorflow as hvd  # noqa: PLC0415
-    from hpcrep.tensorflow import powersgd  # noqa: PLC0415
 
     grads = [tf.random.stateless_normal(v.shape, [rank, i], dtype=v.dtype)
              for i, v in enumerate(variables)]
@@ -144,21 +143,9 @@ def _powersgd_compute(variables: Sequence[Any], rank: int,
 
     @tf.function
     def compute() -> Any:
-        out = psgd.compute_alone(grads, variables)
+        out = psgd.compute_alone(grads, variables, fused=fused)
         return tf.add_n([tf.reshape(g, [-1])[0] for g in out])
-    if fused:
-        return compute
-    unfused = powersgd.fused_kernels  # the choice is made when the step traces (its first call)
-
-    def traced_unfused() -> Any:
-        if compute.experimental_get_tracing_count() == 0:
-            powersgd.fused_kernels = lambda: None
-            try:
-                return compute()
-            finally:
-                powersgd.fused_kernels = unfused
-        return compute()
-    return traced_unfused
+    return compute
 
 
 def powersgd_bytes(variables: Sequence[Any]) -> dict[str, int]:

@@ -42,8 +42,6 @@ class Attempt:
     """One launch of the job and how it ended."""
 
     number: int          # 1 for the first launch
-    ranks: int
-    hosts: tuple[Host, ...]  # empty: local ranks
     returncode: int
     seconds: float
     progressed: bool     # a commit newer than the one it started from was written
@@ -137,7 +135,7 @@ def run_elastic(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
         before = last_commit(directory)
         start = time.monotonic()
         code = launch(current_ranks, current_hosts, env)
-        attempt = Attempt(number, current_ranks, current_hosts, code, time.monotonic() - start,
+        attempt = Attempt(number, code, time.monotonic() - start,
                           last_commit(directory) > before)
         if code == 0:
             break

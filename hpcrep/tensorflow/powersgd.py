@@ -298,7 +298,7 @@ class PowerSGD:
                                                  process_set=communicator)
 
         def compress() -> list:
-            return self._compressed(tensors, [keys[i] for i in dense], average)
+            return self._compressed(tensors, [keys[i] for i in dense], average, fused_kernels())
 
         if not compressed:
             reduced = warm()
@@ -313,25 +313,29 @@ class PowerSGD:
             out[i] = r
         return out
 
-    def compute_alone(self, grads: Sequence[Any], variables: Sequence[Any]) -> list:
+    def compute_alone(self, grads: Sequence[Any], variables: Sequence[Any],
+                      fused: bool = True) -> list:
         """Run one compressed step's arithmetic on this rank alone (P = M Q, orthonormalise,
         Q = M^T P, error update; the averages left out) and return the results; advances the
-        state. For timing the compression's own cost (``python -m bench.overlap``). Local."""
+        state. For timing the compression's own cost (``python -m bench.overlap``); with
+        ``fused=False`` TensorFlow's ops compute it even where the compiled kernels exist.
+        Local."""
         variables = list(variables)
         if not self.built:
             self.build(variables)
         return self._compressed([tf.convert_to_tensor(g) for g in grads],
-                                [variable_key(v) for v in variables], lambda parts, _: parts)
+                                [variable_key(v) for v in variables], lambda parts, _: parts,
+                                fused_kernels() if fused else None)
 
     def _compressed(self, tensors: list, keys: list,
-                    average: Callable[[list, str], list]) -> list:
+                    average: Callable[[list, str], list], kernels: Any) -> list:
         """One compressed step over dense ``tensors``: ``average(parts, "p")`` averages the P's
-        (with the uncompressed rest) in one fused allreduce, ``average(parts, "q")`` the Q's.
-        Collective, as :meth:`reduce`, when ``average`` is."""
+        (with the uncompressed rest) in one fused allreduce, ``average(parts, "q")`` the Q's;
+        ``kernels``: :func:`fused_kernels`' module, or None for TensorFlow's ops. Collective, as
+        :meth:`reduce`, when ``average`` is."""
         assert self._matrices is not None
         picked = [(j, self._matrices[k]) for j, k in enumerate(keys) if k in self._matrices]
         rest = [j for j, k in enumerate(keys) if k not in self._matrices]
-        kernels = fused_kernels()
         ms, ps = [], []
         for j, x in picked:
             g = tf.cast(tensors[j], x.dtype)

@@ -15,8 +15,8 @@ from hpcrep.errors import LaunchOptionError
 A, B = Host("node1", 2), Host("node2", 2)
 
 
-def attempt(number=1, code=1, progressed=True, ranks=4, hosts=(A, B)):
-    return relaunch.Attempt(number, ranks, tuple(hosts), code, 10.0, progressed)
+def attempt(number=1, code=1, progressed=True):
+    return relaunch.Attempt(number, code, 10.0, progressed)
 
 
 def test_a_failed_attempt_that_committed_is_relaunched_on_the_reachable_hosts():
@@ -24,7 +24,7 @@ def test_a_failed_attempt_that_committed_is_relaunched_on_the_reachable_hosts():
     assert d.relaunch and d.ranks == 2 and d.hosts == (A,)
     d = relaunch.decide(attempt(), requested=4, reset_limit=3, min_np=1, reachable=[A, B])
     assert d.relaunch and d.ranks == 4 and d.hosts == (A, B)
-    d = relaunch.decide(attempt(hosts=()), requested=3, reset_limit=3, min_np=1, reachable=None)
+    d = relaunch.decide(attempt(), requested=3, reset_limit=3, min_np=1, reachable=None)
     assert d.relaunch and d.ranks == 3 and d.hosts == ()
 
 
