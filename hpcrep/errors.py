@@ -115,3 +115,10 @@ class FaultToleranceUnavailableError(HpcrepError, RuntimeError):
 class LaunchOptionError(HpcrepError, ValueError):
     """``hpcrep run`` was given options it cannot launch with (bad host list or hostfile, more
     ranks than slots, an option whose feature is not built yet); checked before anything runs."""
+
+
+class RankFailedError(HpcrepError, RuntimeError):
+    """A rank of the job failed (died, or its node was lost) while this rank needed it, in a job
+    whose MPI lets the survivors go on (ULFM: :mod:`hpcrep.comm.recovery`). Horovod's
+    ``HorovodInternalError``: under ``@hvd.elastic.run`` the survivors shrink the job, return
+    to the last commit and go on; elsewhere it ends the program like any exception."""

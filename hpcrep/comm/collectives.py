@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import adasum, check, flight, fusion, timeline, uneven, watchdog
+from hpcrep.comm import adasum, check, flight, fusion, recovery, timeline, uneven, watchdog
 from hpcrep.comm.current import resolve
 from hpcrep.comm.dtypes import mpi_reduce_args
 from hpcrep.comm.ops import ReduceOp, as_reduce_op
@@ -46,12 +46,19 @@ def collective(kind: str, names: Sequence[str] = (), arrays: Sequence[Any] = (),
     ``Dup``, for one) so that it never interleaves with another thread's collective. While the
     timeline records, the call is one of its collectives (:mod:`hpcrep.comm.timeline`); the
     flight recorder records it with ``arrays``' dtypes and shapes and the name of
-    ``communicator`` (:mod:`hpcrep.comm.flight`). Local (it communicates nothing itself); the
-    caller's MPI call inside it is what is collective.
+    ``communicator`` (:mod:`hpcrep.comm.flight`). Where the MPI lets survivors go on (ULFM),
+    an MPI error that reports a failed rank becomes :class:`~hpcrep.errors.RankFailedError`
+    (:mod:`hpcrep.comm.recovery`). Local (it communicates nothing itself); the caller's MPI
+    call inside it is what is collective.
     """
     with _lock, watchdog.watching(kind, names), timeline.collective(kind, names), \
             flight.recording(kind, names, arrays, _group_name(communicator)):
-        yield
+        try:
+            yield
+        except Exception as exc:  # a failed rank (ULFM) becomes RankFailedError
+            if recovery.note(exc):
+                recovery.raise_failure(exc)
+            raise
 
 
 def _group_name(communicator: Any) -> str:

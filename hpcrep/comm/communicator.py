@@ -29,26 +29,62 @@ class Communicator:
     """
 
     def __init__(self, comm: Any, ranks: Sequence[int], name: str) -> None:
+        self.name = name
+        self._at_free: list = []
+        self._adopt(comm, ranks)
+
+    def _adopt(self, comm: Any, ranks: Sequence[int]) -> None:
+        """Make ``comm`` (members: job ranks ``ranks``) this communicator's, with its splits by
+        node. Collective over ``comm``."""
         from mpi4py import MPI  # noqa: PLC0415 - deliberate lazy import: importing hpcrep is cheap
 
         if comm.Get_size() != len(ranks):
             raise CollectiveArgumentError(
-                f"{name}: the communicator has {comm.Get_size()} ranks but {len(ranks)} job "
+                f"{self.name}: the communicator has {comm.Get_size()} ranks but {len(ranks)} job "
                 f"ranks were given ({list(ranks)}); pass one job rank per member.")
-        self.comm: Any = comm
-        self.ranks: tuple[int, ...] = tuple(int(r) for r in ranks)
-        self.name = name
-        self.local: Any = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        self.cross: Any = comm.Split(self.local.Get_rank(), comm.Get_rank())
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        cross = comm.Split(local.Get_rank(), comm.Get_rank())
         # The same on every member, from one allgather: how many nodes, and the most and fewest
         # ranks a node has. A hierarchical reduction pays off only with more than one node and
         # more than one rank on some node; equal nodes allow its reduce-scatter form.
-        sizes = [size for leader, size in comm.allgather((self.local.Get_rank() == 0,
-                                                          self.local.Get_size())) if leader]
-        self._at_free: list = []
+        sizes = [size for leader, size in comm.allgather((local.Get_rank() == 0,
+                                                          local.Get_size())) if leader]
+        self.comm: Any = comm
+        self.ranks: tuple[int, ...] = tuple(int(r) for r in ranks)
+        self.local: Any = local
+        self.cross: Any = cross
         self.nodes: int = len(sizes)
         self.widest_node: int = max(sizes)
         self.narrowest_node: int = min(sizes)
+
+    def replace(self, comm: Any) -> None:
+        """Go on with ``comm`` instead of this communicator's MPI communicators, keeping this
+        object: what holds it (a traced ``tf.function``, a process set, an optimizer) then runs
+        on ``comm``. For the job's world after a failed rank (:mod:`hpcrep.comm.elastic`): the
+        old communicators hold a dead rank and are dropped without being freed (freeing one is
+        not guaranteed to return). The members become job ranks ``0 .. comm's size - 1``.
+
+        Collective over ``comm``: every member of it must call this.
+        """
+        self._adopt(comm, range(comm.Get_size()))
+
+    def revoke(self) -> None:
+        """Revoke this communicator's MPI communicators (ULFM), so that every member's pending
+        and later operation on them fails at once instead of waiting for a dead rank. Local;
+        an MPI without ULFM, or one already revoked, is fine."""
+        for c in (self.comm, self.local, self.cross):
+            if c is None:
+                continue
+            try:
+                c.Revoke()
+            except Exception:  # noqa: BLE001 - no ULFM, or revoked already: nothing to do
+                pass
+
+    def abandon(self) -> None:
+        """Forget the MPI communicators without freeing them (they hold a dead rank); later use
+        raises a clear error. Local."""
+        self._at_free.clear()
+        self.comm = self.local = self.cross = None
 
     def _live(self) -> Any:
         if self.comm is None:

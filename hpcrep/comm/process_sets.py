@@ -190,6 +190,7 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
     global _hooked
     if not _hooked:
         world.at_shutdown(_forget_all)
+        world.at_replace(_drop_all)
         _hooked = True
     _registry[new_id] = _Entry(ranks, communicator)
     process_set.process_set_id = new_id
@@ -244,6 +245,16 @@ def registered() -> dict[int, list[int]]:
     out = {0: list(range(world.size()))}
     out.update({i: list(e.ranks) for i, e in sorted(_registry.items())})
     return out
+
+
+def _drop_all() -> None:
+    """When survivors replace the job's world (:func:`hpcrep.comm.world.replace`): every set's
+    communicator holds the old world's ranks, so every set is dropped (ids become unknown) and
+    its communicator forgotten without being freed. Local."""
+    for entry in _registry.values():
+        if entry.communicator is not None:
+            entry.communicator.abandon()
+    _registry.clear()
 
 
 def _forget_all() -> None:

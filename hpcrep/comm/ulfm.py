@@ -71,7 +71,7 @@ def has_ulfm() -> bool:
     Local: asks this rank's library only (the first call revokes a private duplicate of
     ``COMM_SELF``).
     """
-    return _library_has_revoke() and _ft_enabled()
+    return _library_has_revoke() and ft_enabled()
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,8 +93,9 @@ def _library_has_revoke() -> bool:
     return True
 
 
-def _ft_enabled() -> bool:
-    """Return True if Open MPI runs this process with fault tolerance on (``mpi_ft_enable``)."""
+def ft_enabled() -> bool:
+    """Return True if Open MPI runs this process with fault tolerance on (``mpi_ft_enable``,
+    which ``mpirun --with-ft ulfm`` sets). Local; needs no MPI call."""
     # an Open MPI variable, not an HPCREP_* setting
     value = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
     return value in ("1", "true", "yes", "on", "enabled")

@@ -105,13 +105,18 @@ def hosts() -> tuple[str, ...]:
     return _state.hosts
 
 
-def detach() -> None:
-    """Free the status communicator (at :func:`hpcrep.comm.shutdown`). Collective, like attach."""
+def detach(free: bool = True) -> None:
+    """Free the status communicator (at :func:`hpcrep.comm.shutdown`). Collective, like attach.
+
+    With ``free=False`` (the world was replaced after a failed rank) it is dropped instead of
+    freed: it holds the dead rank. Local then.
+    """
     _closing.set()
     try:
         with _comm_lock:  # a query still listening (its stall resolved) must not outlive it
             if _state.comm is not None:
-                _state.comm.Free()
+                if free:
+                    _state.comm.Free()
                 _state.comm = None
     finally:
         _closing.clear()

@@ -22,6 +22,7 @@ from hpcrep.errors import ConfigError, NotInitializedError
 
 _world: Optional[Communicator] = None
 _at_shutdown: list[Callable[[], None]] = []
+_at_replace: list[Callable[[], None]] = []
 _lock = threading.RLock()
 
 
@@ -115,6 +116,38 @@ def at_shutdown(callback: Callable[[], None]) -> None:
     """
     with _lock:
         _at_shutdown.append(callback)
+
+
+def at_replace(callback: Callable[[], None]) -> None:
+    """Run ``callback`` each time the job's world is replaced by its survivors
+    (:func:`replace`), before the new communicators are made: for modules that hold
+    communicators built on the old world (process sets), which must drop them without freeing
+    them. Local; callbacks run last-registered first and stay registered.
+    """
+    with _lock:
+        if callback not in _at_replace:
+            _at_replace.append(callback)
+
+
+def replace(new_comm: Any) -> Communicator:
+    """Make ``new_comm`` (the survivors of a failed rank, from :func:`hpcrep.comm.ulfm.shrink`)
+    the job's world, in place: :func:`rank`, :func:`size` and the topology describe the
+    survivors from now on, and everything that holds the job's :class:`Communicator` (traced
+    functions, optimizers) runs on them. Process sets are dropped (:func:`at_replace`), the
+    stall watchdog watches the new world, and the old communicators are not freed (they hold
+    the dead rank). Returns the job's communicator.
+
+    Collective over ``new_comm``: every survivor must call this, after the shrink.
+    """
+    with _lock:
+        world = _require()
+        for callback in reversed(_at_replace):
+            callback()
+        watchdog.detach(free=False)
+        new_comm.Set_name("hpcrep")
+        world.replace(new_comm)
+        watchdog.attach(new_comm)
+        return world
 
 
 def is_initialized() -> bool:

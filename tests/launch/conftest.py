@@ -3,6 +3,7 @@
 Tests reach these through fixtures (a conftest is not imported): ``mpirun`` runs a command on N
 local ranks (``mpirun.run``), a ``jobs/`` script (``mpirun.run_job``), or kills one rank mid-run
 (``mpirun.run_and_kill``); ``scratch`` is a temporary directory of the test's own;
+``ulfm_venv`` is ``.venv-ulfm`` (Open MPI 5 with ULFM);
 ``epochs_logged`` and ``weights_file`` read what a Keras job wrote; ``keras_job`` builds the
 command line of ``keras_resume_job.py``. Job scripts (``probe.py``, ``keras_resume_job.py``, ...)
 sit beside the tests and are run, never imported.
@@ -153,6 +154,16 @@ def scratch(request) -> Iterator[Path]:
     """A temporary directory of this test's own (see :meth:`LocalMPI.scratch`)."""
     with LocalMPI.scratch(re.sub(r"\W+", "-", request.node.name)[:40]) as path:
         yield path
+
+
+@pytest.fixture(scope="session")
+def ulfm_venv(skip_missing, repo) -> Path:
+    """The Open MPI 5 / ULFM environment of this checkout, ``.venv-ulfm`` (``make ulfm``; skips,
+    or fails under CI, without it)."""
+    venv = Path(repo) / ".venv-ulfm"
+    if not (venv / "bin" / "python").exists() or not (venv / "bin" / "mpirun").exists():
+        skip_missing(f"the Open MPI 5 / ULFM environment {venv} (make it with: make ulfm)")
+    return venv
 
 
 @pytest.fixture(scope="session")

@@ -19,16 +19,7 @@ from hpcrep.launch.mpirun import mpirun_command, mpirun_env
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-VENV = ROOT / ".venv-ulfm"
 RANKS, STEPS, VICTIM, KILL_AT = 4, 200, 2, 50
-
-
-@pytest.fixture(scope="module")
-def ulfm_venv(skip_missing) -> Path:
-    """The Open MPI 5 / ULFM environment of this checkout (skips, or fails under CI, without)."""
-    if not (VENV / "bin" / "python").exists() or not (VENV / "bin" / "mpirun").exists():
-        skip_missing(f"the Open MPI 5 / ULFM environment {VENV} (make it with: make ulfm)")
-    return VENV
 
 
 @pytest.mark.timeout(240)

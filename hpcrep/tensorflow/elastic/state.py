@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from hpcrep import comm, config
+from hpcrep.comm import recovery
 from hpcrep.tensorflow.variables import broadcast_object, broadcast_variables
 
 _state_ids = itertools.count()  # states are numbered in creation order, the same in every run
@@ -188,18 +189,36 @@ class TensorFlowState(ObjectState):
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate ``func(state, ...)``: sync ``state`` from rank 0, then run ``func``.
+    """Decorate ``func(state, ...)``: sync ``state`` from rank 0, then run ``func``; where the
+    job can outlive a rank (ULFM, :mod:`hpcrep.comm.recovery`), go on after one fails.
 
-    Horovod's ``run`` also retries after a rank fails or hosts change; hpcrep has no driver, so a
-    failure ends the job (see the module docstring).
+    A failed rank makes the survivors' next collective raise (any exception while
+    :func:`hpcrep.comm.recovery.failed` says so counts; TensorFlow wraps the error of an op).
+    Every survivor then returns ``state`` to its last commit, the job shrinks to the survivors
+    (ranks and size change; what holds the job's communicator, traced functions included, runs
+    on the survivors), the reset callbacks run, ``state`` is synced from the new rank 0, and
+    ``func`` is called again. After ``func`` returns, the ranks agree that none has failed
+    meanwhile (else they recover and call it again). Without ULFM a failed rank ends the job
+    (``hpcrep run --elastic`` relaunches it from the last commit written to
+    ``HPCREP_ELASTIC_DIR``).
 
     Collective: every rank must call the decorated function.
     """
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        state.sync()
-        return func(state, *args, **kwargs)
+        while True:
+            state.sync()
+            try:
+                result = func(state, *args, **kwargs)
+                recovery.confirm()
+                return result
+            except Exception:
+                if not recovery.failed():
+                    raise
+            state.restore()
+            recovery.recover()
+            state.on_reset()
 
     return wrapper
 

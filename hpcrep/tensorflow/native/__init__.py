@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, Optional
 
 from hpcrep import config
+from hpcrep.comm import ulfm
 from hpcrep.errors import ConfigError
 from hpcrep.tensorflow.native.library import (PAYLOAD_KEY, REDUCE_OPS, EngineSettings, ErrorKind,
                                               Library)
@@ -118,6 +119,16 @@ def status() -> tuple[bool, str]:
     mode = config.get("HPCREP_NATIVE")
     if mode == "off":
         return False, "HPCREP_NATIVE=off: allreduces take the Python path"
+    if ulfm.ft_enabled():
+        # The communication thread's MPI calls do not recover from a failed rank; the Python
+        # path's do (hpcrep.comm.recovery), so a fault-tolerant job takes that path.
+        if mode == "on":
+            raise ConfigError("HPCREP_NATIVE=on in a job started with fault tolerance on "
+                              "(mpirun --with-ft ulfm): the compiled path does not recover from "
+                              "a failed rank. Set HPCREP_NATIVE=auto (the Python path) or start "
+                              "the job without --with-ft ulfm.")
+        return False, ("the Python path is active: the job runs with fault tolerance on "
+                       "(ULFM), which only the Python path's collectives recover from")
     reason = _load().reason
     if reason is None:
         return True, f"the compiled op ({LIBRARY}) is active"

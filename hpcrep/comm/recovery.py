@@ -1,0 +1,155 @@
+"""Go on in the same processes after a rank of the job failed (ULFM, ``--with-ft ulfm``).
+
+Where the MPI has ULFM and the job runs with fault tolerance on (:func:`enabled`), an MPI call
+of hpcrep's collectives that needs a dead rank raises ``MPI.Exception`` instead of ending the
+job. :func:`note` (called by :func:`hpcrep.comm.collectives.collective` for every collective)
+recognises it, revokes the job's communicators, so that every other survivor's pending or next
+collective fails at once instead of waiting, and the collective raises
+:class:`~hpcrep.errors.RankFailedError`. Every survivor then calls :func:`recover`: the job's
+world is shrunk to the living ranks (:func:`hpcrep.comm.ulfm.shrink`) and replaced in place
+(:func:`hpcrep.comm.world.replace`), so ``rank()``/``size()`` and everything holding the job's
+communicator, traced ``tf.function`` s included, run on the survivors. ``@hvd.elastic.run``
+(:mod:`hpcrep.tensorflow.elastic`) does this and returns to the last commit.
+
+mpi4py only; never TensorFlow.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import sys
+import threading
+import time
+from typing import Optional
+
+from hpcrep.comm import ulfm, world
+from hpcrep.errors import RankFailedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """One recovery, as :func:`recover` returns it (and :func:`history` keeps).
+
+    Attributes:
+        lost: job ranks (before the recovery) that were lost.
+        old_size: the job's size before, ``new_size`` after.
+        step: the smallest step the survivors passed to :func:`recover`.
+        noticed: ``time.time()`` when this rank first saw the failure.
+        shrink_seconds: revoke, shrink and agreement on this rank.
+        rebuild_seconds: the new world's communicators (node splits, watchdog).
+    """
+
+    lost: tuple[int, ...]
+    old_size: int
+    new_size: int
+    step: int
+    noticed: float
+    shrink_seconds: float
+    rebuild_seconds: float
+
+
+_lock = threading.Lock()
+_failure: Optional[str] = None   # what the first failure seen since the last recovery said
+_noticed: float = 0.0
+_history: list[Recovery] = []
+_finalize_hooked = False
+
+
+def enabled() -> bool:
+    """Return True if survivors of a failed rank can go on in this job: ULFM in the MPI library
+    and fault tolerance on (:func:`hpcrep.comm.ulfm.has_ulfm`). Local."""
+    return ulfm.has_ulfm()
+
+
+def note(exc: BaseException) -> bool:
+    """If ``exc`` says a rank failed (:func:`hpcrep.comm.ulfm.is_failure`), remember it, revoke
+    the job's communicators (every survivor's collective on them fails at once) and return True;
+    else return False. Local; cheap for any other exception."""
+    global _failure, _noticed
+    if type(exc).__module__ != "mpi4py.MPI" or not ulfm.is_failure(exc):
+        return False
+    with _lock:
+        first = _failure is None
+        if first:
+            _failure, _noticed = str(exc), time.time()
+    if first and world.is_initialized():
+        world.communicator().revoke()
+    return True
+
+
+def failed() -> bool:
+    """Return True if this rank has seen a failed rank since the last :func:`recover`. Local."""
+    return _failure is not None
+
+
+def raise_failure(exc: BaseException) -> None:
+    """Raise :class:`RankFailedError` for the failure ``exc`` (which :func:`note` took)."""
+    raise RankFailedError(
+        f"a rank of the job failed ({_failure or exc}); the survivors can go on: under "
+        "@hvd.elastic.run they return to the last commit on their own, elsewhere call "
+        "hpcrep.comm.recovery.recover() on every survivor.") from exc
+
+
+def confirm(step: int = 0) -> None:
+    """Raise :class:`RankFailedError` on every survivor if any rank of the job has failed, even
+    one no collective has needed yet (a fault-tolerant agreement: the same answer everywhere).
+
+    Collective: every living rank of the job must call this. ``@hvd.elastic.run`` calls it
+    after the training function returns, so no survivor leaves while others recover.
+    """
+    if not enabled():
+        return
+    comm = world.comm()
+    try:
+        comm.Agree(1)
+    except Exception as exc:  # only a failure is turned into RankFailedError
+        if note(exc):
+            raise_failure(exc)
+        raise
+
+
+def recover(step: int = 0) -> Recovery:
+    """Shrink the job to its living ranks and go on: the job's world is replaced in place by
+    the survivors (new ranks ``0 .. n - 1`` in the old order), process sets are dropped, and
+    the failure is forgotten. Logs one line on the new rank 0's stderr.
+
+    Args:
+        step: the last step this rank completed; the result's ``step`` is the smallest of them.
+
+    Raises:
+        FaultToleranceUnavailableError: this MPI has no ULFM (says how to get it).
+
+    Collective: every surviving rank must call this, after the failure (a rank that has not
+    seen it yet would keep the others waiting: :func:`confirm` makes every rank see it).
+    """
+    global _failure, _finalize_hooked
+    noticed = _noticed or time.time()
+    old = world.communicator()
+    old_size = old.size() if old.comm is not None else len(old.ranks)
+    shrunk = ulfm.shrink(old.comm, step)
+    start = time.perf_counter()
+    world.replace(shrunk.comm)
+    done = Recovery(lost=shrunk.lost, old_size=old_size, new_size=shrunk.comm.Get_size(),
+                    step=shrunk.step, noticed=noticed, shrink_seconds=shrunk.seconds,
+                    rebuild_seconds=time.perf_counter() - start)
+    with _lock:
+        _failure = None
+        _history.append(done)
+        if not _finalize_hooked:
+            # Open MPI 5's MPI_Finalize can wait for good after a failure: end it with a
+            # deadline instead. Registered after mpi4py's own exit hook, so it runs first.
+            atexit.register(ulfm.finalize)
+            _finalize_hooked = True
+    if world.rank() == 0:
+        print(f"hpcrep: rank(s) {', '.join(map(str, done.lost))} of {old_size} failed; "
+              f"{done.new_size} survivors go on from step {done.step} (revoke + shrink "
+              f"{done.shrink_seconds * 1e3:.0f} ms, new world {done.rebuild_seconds * 1e3:.0f} "
+              "ms)", file=sys.stderr, flush=True)
+    return done
+
+
+def history() -> list[Recovery]:
+    """Return the recoveries this rank took part in, oldest first. Local."""
+    return list(_history)
+

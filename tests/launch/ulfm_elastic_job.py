@@ -1,0 +1,132 @@
+"""A Horovod-elastic Keras job on Fashion-MNIST for tests/launch/test_ulfm_elastic.py (and
+issue 22's figures): under ``mpirun --with-ft ulfm`` (Open MPI 5, .venv-ulfm), rank ``--victim``
+SIGKILLs itself before global step ``--kill-at`` of epoch 0; the survivors shrink, return to
+the last commit and finish in the same ``mpirun``.
+
+Every epoch walks one permutation of the training rows in global batches of ``size x batch``
+rows, rank r taking the r-th slice; the state holds how many rows of the epoch are done, so
+after a shrink the survivors go on from the last commit with the rows not yet trained on (none
+twice, none skipped, in what the model kept). Each survivor writes ``OUT/rank<R>.json`` (its
+rank before and after, step end times, recoveries, test accuracy, rows trained per epoch) and
+``OUT/weights<R>.npz``; the victim writes ``OUT/death`` (the time it killed itself).
+"""
+
+import argparse
+import json
+import os
+import signal
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hpcrep.tensorflow.keras as hvd
+import hpcrep.comm
+from hpcrep.comm import recovery
+from hpcrep.data.mnist import fashion_mnist_split
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--rows", type=int, default=4096, help="training rows (Fashion-MNIST)")
+parser.add_argument("--test-rows", type=int, default=2000)
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--batch", type=int, default=32, help="rows per rank and step")
+parser.add_argument("--commit-every", type=int, default=5, help="steps between commits")
+parser.add_argument("--victim", type=int, default=-1, help="rank that SIGKILLs itself")
+parser.add_argument("--kill-at", type=int, default=20, help="in epoch 0, before this step")
+parser.add_argument("--seed", type=int, default=0)
+args = parser.parse_args()
+
+hvd.init()
+first_rank, first_size = hvd.rank(), hvd.size()
+keras.utils.set_random_seed(args.seed * 100 + hvd.rank())  # differs until the first sync
+x_train, y_train = fashion_mnist_split("train", args.rows)
+x_test, y_test = fashion_mnist_split("test", args.test_rows)
+x_train = (x_train.reshape(len(x_train), -1) / 255.0).astype("float32")
+x_test = (x_test.reshape(len(x_test), -1) / 255.0).astype("float32")
+
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),
+                          keras.layers.Dense(10)])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+state = hvd.elastic.KerasState(model, epoch=0, rows_done=0)
+step_ends: list[float] = []
+fed: list[list[int]] = []      # per step this rank ran: [epoch, rows_done before it, its rows...]
+resumes: list[list] = []  # where and when each call of train() started: [epoch, rows_done, time]
+
+
+def order(epoch: int) -> np.ndarray:
+    """The epoch's permutation of the training rows (the same on every rank)."""
+    return np.random.default_rng([args.seed, epoch]).permutation(len(x_train))
+
+
+class Progress(keras.callbacks.Callback):
+    """Counts the rows done, commits every ``--commit-every`` steps, kills the victim."""
+
+    def __init__(self, epoch: int, rows: np.ndarray) -> None:
+        super().__init__()
+        self.epoch, self.rows, self.steps = epoch, rows, 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch == 0 and first_rank == args.victim and state.rows_done
+                >= args.kill_at * first_size * args.batch):
+            with open(os.path.join(args.out, "victim_fed.json"), "w") as f:
+                json.dump(fed, f)
+            with open(os.path.join(args.out, "death"), "w") as f:
+                f.write(f"{time.time():.6f}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step_ends.append(time.time())
+        n = hvd.size()
+        mine = self.rows[self.steps * args.batch:(self.steps + 1) * args.batch]
+        fed.append([self.epoch, state.rows_done] + [int(r) for r in mine])
+        state.rows_done += n * args.batch
+        self.steps += 1
+        if self.steps % args.commit_every == 0:
+            state.commit()
+
+
+@tf.function
+def average_first_rank():
+    """Traced before the failure: afterwards it must average over the survivors only."""
+    return hvd.allreduce(tf.constant(float(first_rank)), op=hvd.Average)
+
+
+average_first_rank()
+
+
+@hvd.elastic.run
+def train(state):
+    # Back at the last commit (rank 0's): steps this rank ran after it were not kept.
+    resumes.append([state.epoch, state.rows_done, time.time()])
+    fed[:] = [f for f in fed if (f[0], f[1]) < (state.epoch, state.rows_done)]
+    for epoch in range(state.epoch, args.epochs):
+        n, r, b = hvd.size(), hvd.rank(), args.batch
+        perm = order(epoch)
+        steps = (len(perm) - state.rows_done) // (n * b)
+        mine = np.concatenate([perm[state.rows_done + s * n * b + r * b:
+                                    state.rows_done + s * n * b + (r + 1) * b]
+                               for s in range(steps)]) if steps else np.zeros(0, np.int64)
+        model.fit(x_train[mine], y_train[mine], batch_size=b, epochs=1, shuffle=False,
+                  verbose=0, callbacks=[Progress(epoch, mine)])
+        state.epoch, state.rows_done = epoch + 1, 0
+        state.commit()
+
+
+train(state)
+logits = model.predict(x_test, batch_size=500, verbose=0)
+accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
+result = {
+    "average_first_rank": float(average_first_rank()),
+    "first_rank": first_rank, "first_size": first_size, "rank": hvd.rank(), "size": hvd.size(),
+    "step_ends": step_ends, "accuracy": accuracy, "library": hpcrep.comm.mpi_library_version(),
+    "fed": fed, "resumes": resumes, "rows": len(x_train), "batch": args.batch,
+    "recoveries": [{"lost": list(r.lost), "old_size": r.old_size, "new_size": r.new_size,
+                    "noticed": r.noticed, "shrink_seconds": r.shrink_seconds,
+                    "rebuild_seconds": r.rebuild_seconds} for r in recovery.history()],
+}
+with open(os.path.join(args.out, f"rank{first_rank}.json"), "w") as f:
+    json.dump(result, f)
+np.savez(os.path.join(args.out, f"weights{first_rank}.npz"), *model.get_weights())
