@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
+import signal
 import sys
 import threading
 import time
 from typing import Optional
 
-from hpcrep.comm import ulfm, world
+from hpcrep.comm import ulfm, watchdog, world
 from hpcrep.errors import RankFailedError
 
 
@@ -127,8 +129,10 @@ def recover(step: int = 0) -> Recovery:
     noticed = _noticed or time.time()
     old = world.communicator()
     old_size = old.size() if old.comm is not None else len(old.ranks)
+    hosts, pids = watchdog.hosts(), watchdog.pids()
     shrunk = ulfm.shrink(old.comm, step)
     start = time.perf_counter()
+    _end_lost_neighbours(shrunk, hosts, pids)
     world.replace(shrunk.comm)
     done = Recovery(lost=shrunk.lost, old_size=old_size, new_size=shrunk.comm.Get_size(),
                     step=shrunk.step, noticed=noticed, shrink_seconds=shrunk.seconds,
@@ -147,6 +151,25 @@ def recover(step: int = 0) -> Recovery:
               f"{done.shrink_seconds * 1e3:.0f} ms, new world {done.rebuild_seconds * 1e3:.0f} "
               "ms)", file=sys.stderr, flush=True)
     return done
+
+
+def _end_lost_neighbours(shrunk: ulfm.Shrunk, hosts: tuple[str, ...],
+                         pids: tuple[int, ...]) -> None:
+    """SIGKILL the lost ranks that run on this rank's host and may still be alive: a rank that
+    hangs (stopped, or stuck outside MPI) is declared failed by ULFM's heartbeat detector, but
+    its process would keep ``mpirun`` from ending. The first survivor on each host does it."""
+    if not hosts or not pids:
+        return
+    me = shrunk.survivors[shrunk.comm.Get_rank()]
+    here = hosts[me]
+    if min(r for r in shrunk.survivors if hosts[r] == here) != me:
+        return
+    for lost in shrunk.lost:
+        if hosts[lost] == here:
+            try:
+                os.kill(pids[lost], signal.SIGKILL)
+            except OSError:  # gone already (the usual case), or not ours to end
+                pass
 
 
 def history() -> list[Recovery]:

@@ -58,6 +58,7 @@ class _Call:
 class _State:
     comm: Any = None                  # private duplicate for status queries (set by attach)
     hosts: tuple[str, ...] = ()       # host name of each rank
+    pids: tuple[int, ...] = ()        # process id of each rank (on its host)
     seq: int = 0                      # collectives entered so far on this rank
     call: Optional[_Call] = None      # the one in progress (collectives are serialised)
     owner: Optional[int] = None       # thread id that entered it (nested calls are not counted)
@@ -83,7 +84,9 @@ def attach(comm: Any) -> None:
     from mpi4py import MPI  # noqa: PLC0415 - MPI is initialised by now
 
     _state.comm = comm.Dup()
-    _state.hosts = tuple(comm.allgather(MPI.Get_processor_name()))
+    peers = comm.allgather((MPI.Get_processor_name(), os.getpid()))
+    _state.hosts = tuple(host for host, _ in peers)
+    _state.pids = tuple(pid for _, pid in peers)
     if not _state.exit_hook:
         # Registered after mpi4py's own exit-time MPI_Finalize, so it runs before it.
         atexit.register(_stop_queries_at_exit)
@@ -103,6 +106,11 @@ def _stop_queries_at_exit() -> None:
 def hosts() -> tuple[str, ...]:
     """The host name of each rank of the job (empty before :func:`attach`). Local."""
     return _state.hosts
+
+
+def pids() -> tuple[int, ...]:
+    """The process id of each rank of the job, on its host (empty before :func:`attach`)."""
+    return _state.pids
 
 
 def detach(free: bool = True) -> None:

@@ -1,7 +1,8 @@
 """In-process elastic training over ULFM (Open MPI 5, ``.venv-ulfm``): a Keras job under
-``@hvd.elastic.run`` loses one of 4 ranks to SIGKILL mid-epoch, and the 3 survivors shrink the
-job, return to the last commit and finish in the same ``mpirun``, which exits 0
-(``ulfm_elastic_job.py``; hpcrep.comm.recovery).
+``@hvd.elastic.run`` loses one of 4 ranks mid-epoch, to SIGKILL or to SIGSTOP (a hung rank, which
+ULFM's heartbeat detector declares failed), and the 3 survivors shrink the job, return to the
+last commit and finish in the same ``mpirun``, which exits 0 (``ulfm_elastic_job.py``;
+hpcrep.comm.recovery; a stopped rank is SIGKILLed by a survivor on its host).
 
 Skipped (a failure under CI=true) when ``.venv-ulfm`` has not been made.
 """
@@ -21,6 +22,9 @@ from hpcrep.launch.mpirun import mpirun_command, mpirun_env
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RANKS, VICTIM, KILL_AT, BATCH, ROWS, EPOCHS, SEED = 4, 2, 12, 32, 3072, 2, 0
+# ULFM's heartbeat detector: a rank that stops answering (SIGSTOP) is declared failed after 2 s
+DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_period", "0.5",
+            "--mca", "mpi_ft_detector_timeout", "2"]
 
 
 def run_job(venv: Path, out: Path, *extra: str, timeout: float = 240):
@@ -28,7 +32,7 @@ def run_job(venv: Path, out: Path, *extra: str, timeout: float = 240):
            "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
            "--commit-every", "4", "--seed", str(SEED), *extra]
     argv = mpirun_command(RANKS, job, mpirun=str(venv / "bin" / "mpirun"),
-                          extra=["--with-ft", "ulfm"])
+                          extra=["--with-ft", "ulfm", *DETECTOR])
     env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1",
                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     try:
@@ -51,8 +55,10 @@ def rows_kept(results: list[dict], victim_fed: list, resume: tuple[int, int]) ->
 
 
 @pytest.mark.timeout(300)
-def test_survivors_of_a_killed_rank_shrink_and_finish_the_keras_job(ulfm_venv, scratch):
-    done = run_job(ulfm_venv, scratch, "--victim", str(VICTIM), "--kill-at", str(KILL_AT))
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job(ulfm_venv, scratch, how):
+    done = run_job(ulfm_venv, scratch, "--victim", str(VICTIM), "--kill-at", str(KILL_AT),
+                   *(["--stop"] if how == "stop" else []))
     output = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
     assert f"hpcrep: rank(s) {VICTIM} of {RANKS} failed; {RANKS - 1} survivors go on" \
@@ -92,7 +98,8 @@ def test_survivors_of_a_killed_rank_shrink_and_finish_the_keras_job(ulfm_venv, s
     first = max(min(t for t in r["step_ends"] if t > r["resumes"][1][2]) for r in results)
     noticed = [r["recoveries"][0]["noticed"] - death for r in results]
     shrink = [r["recoveries"][0]["shrink_seconds"] for r in results]
-    print(f"\nULFM elastic Keras: rank {VICTIM} of {RANKS} SIGKILLed; first step of the "
+    signalled = {"kill": "SIGKILLed", "stop": "SIGSTOPped"}[how]
+    print(f"\nULFM elastic Keras: rank {VICTIM} of {RANKS} {signalled}; first step of the "
           f"survivors {first - death:.3f} s after; noticed after "
           f"{', '.join(f'{n * 1e3:.0f}' for n in noticed)} ms; revoke + shrink "
           f"{', '.join(f'{s * 1e3:.1f}' for s in shrink)} ms")

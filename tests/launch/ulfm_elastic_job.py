@@ -35,6 +35,8 @@ parser.add_argument("--batch", type=int, default=32, help="rows per rank and ste
 parser.add_argument("--commit-every", type=int, default=5, help="steps between commits")
 parser.add_argument("--victim", type=int, default=-1, help="rank that SIGKILLs itself")
 parser.add_argument("--kill-at", type=int, default=20, help="in epoch 0, before this step")
+parser.add_argument("--stop", action="store_true",
+                    help="the victim SIGSTOPs itself (a hung rank) instead of SIGKILL")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 
@@ -75,7 +77,7 @@ class Progress(keras.callbacks.Callback):
                 json.dump(fed, f)
             with open(os.path.join(args.out, "death"), "w") as f:
                 f.write(f"{time.time():.6f}\n")
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGSTOP if args.stop else signal.SIGKILL)
 
     def on_train_batch_end(self, batch, logs=None):
         step_ends.append(time.time())
