@@ -17,6 +17,18 @@ ABORT_NOTICE = "hpcrep: job abort:"
 ABORT_NOTICE_PATTERN = re.compile(re.escape(ABORT_NOTICE) + r" rank (\d+), exit code (\d+)")
 
 
+# After survivors went on without lost ranks (hpcrep.comm.recovery), the launcher may wait for
+# good for a node daemon it cannot reach; this line, printed by the survivors' rank 0 once all
+# of them are exiting, lets the supervisor end it as it does after an abort.
+DONE_NOTICE = "hpcrep: job done after losing ranks:"
+DONE_NOTICE_PATTERN = re.compile(re.escape(DONE_NOTICE) + r" rank (\d+), exit code (\d+)")
+
+
+def done_notice(rank: int, lost: str) -> str:
+    """Return the line the survivors' rank 0 prints at exit after a recovery (exit code 0)."""
+    return f"{DONE_NOTICE} rank {rank}, exit code 0 (lost: {lost})"
+
+
 def abort_notice(rank: int, errorcode: int) -> str:
     """Return the line :func:`abort` prints: ``hpcrep: job abort: rank R, exit code C``."""
     return f"{ABORT_NOTICE} rank {rank}, exit code {errorcode}"

@@ -51,6 +51,7 @@ class Recovery:
     rebuild_seconds: float
 
 
+NO_QUORUM_EXIT = 75  # a rank on the smaller side of a partition ends with this status
 _lock = threading.Lock()
 _failure: Optional[str] = None   # what the first failure seen since the last recovery said
 _noticed: float = 0.0
@@ -119,6 +120,10 @@ def recover(step: int = 0) -> Recovery:
     Args:
         step: the last step this rank completed; the result's ``step`` is the smallest of them.
 
+    A side without a quorum (:func:`has_quorum`: at most half of the ranks, and not half with
+    rank 0) does not go on: its ranks say why on stderr and exit with status
+    :data:`NO_QUORUM_EXIT`, so that a partitioned job never trains as two.
+
     Raises:
         FaultToleranceUnavailableError: this MPI has no ULFM (says how to get it).
 
@@ -132,6 +137,7 @@ def recover(step: int = 0) -> Recovery:
     hosts, pids = watchdog.hosts(), watchdog.pids()
     shrunk = ulfm.shrink(old.comm, step)
     start = time.perf_counter()
+    _stop_unless_quorum(shrunk, old_size, hosts)
     _end_lost_neighbours(shrunk, hosts, pids)
     world.replace(shrunk.comm)
     done = Recovery(lost=shrunk.lost, old_size=old_size, new_size=shrunk.comm.Get_size(),
@@ -141,9 +147,8 @@ def recover(step: int = 0) -> Recovery:
         _failure = None
         _history.append(done)
         if not _finalize_hooked:
-            # Open MPI 5's MPI_Finalize can wait for good after a failure: end it with a
-            # deadline instead. Registered after mpi4py's own exit hook, so it runs first.
-            atexit.register(ulfm.finalize)
+            # Registered after mpi4py's own exit hook, so it runs first.
+            atexit.register(_at_exit)
             _finalize_hooked = True
     if world.rank() == 0:
         print(f"hpcrep: rank(s) {', '.join(map(str, done.lost))} of {old_size} failed; "
@@ -151,6 +156,30 @@ def recover(step: int = 0) -> Recovery:
               f"{done.shrink_seconds * 1e3:.0f} ms, new world {done.rebuild_seconds * 1e3:.0f} "
               "ms)", file=sys.stderr, flush=True)
     return done
+
+
+def has_quorum(survivors: tuple[int, ...], old_size: int) -> bool:
+    """Return True if ``survivors`` (ranks of a job of ``old_size``) may go on: more than half
+    of the ranks, or exactly half with rank 0 among them. A cut network looks to each side as
+    if the other side had failed; only one side can have a quorum, so the job never splits into
+    two that train (and write) apart. Local."""
+    return 2 * len(survivors) > old_size or (2 * len(survivors) == old_size and 0 in survivors)
+
+
+def _stop_unless_quorum(shrunk: ulfm.Shrunk, old_size: int, hosts: tuple[str, ...]) -> None:
+    """End this process (exit status :data:`NO_QUORUM_EXIT`) if its side of the shrink has no
+    quorum (:func:`has_quorum`), saying so on stderr."""
+    if has_quorum(shrunk.survivors, old_size):
+        return
+    where = sorted({hosts[r] for r in shrunk.lost}) if hosts else []
+    on = f" on {', '.join(where)}" if where else ""
+    print(f"hpcrep: rank {shrunk.survivors[shrunk.comm.Get_rank()]} stops: only "
+          f"{len(shrunk.survivors)} of {old_size} ranks are left on its side (ranks "
+          f"{', '.join(map(str, shrunk.lost))} unreachable{on}), "
+          "not a majority: a network partition or the loss of half the job. The other side goes "
+          "on if it holds the majority (or half with rank 0); restart from the last commit "
+          "otherwise.", file=sys.stderr, flush=True)
+    os._exit(NO_QUORUM_EXIT)
 
 
 def _end_lost_neighbours(shrunk: ulfm.Shrunk, hosts: tuple[str, ...],
@@ -170,6 +199,25 @@ def _end_lost_neighbours(shrunk: ulfm.Shrunk, hosts: tuple[str, ...],
                 os.kill(pids[lost], signal.SIGKILL)
             except OSError:  # gone already (the usual case), or not ours to end
                 pass
+
+
+def _at_exit() -> None:
+    """At the exit of a survivor: wait until every survivor is exiting, let rank 0 print the
+    notice that ends a launcher still waiting for a lost node's daemon
+    (:data:`hpcrep.comm.abort.DONE_NOTICE`, :mod:`hpcrep.launch.supervise`), then end MPI with
+    a deadline (after a failure Open MPI 5's ``MPI_Finalize`` can wait for good)."""
+    from hpcrep.comm.abort import done_notice  # noqa: PLC0415
+
+    try:
+        if world.is_initialized() and not failed():
+            world.comm().Agree(1)  # fault tolerant: returns on every living rank
+            if world.rank() == 0:
+                lost = "; ".join(f"ranks {', '.join(map(str, r.lost))} of {r.old_size}"
+                                 for r in _history)
+                print(done_notice(0, lost), file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - a rank lost at exit: finalize all the same
+        pass
+    ulfm.finalize()
 
 
 def history() -> list[Recovery]:

@@ -33,7 +33,7 @@ import time
 from typing import IO, Iterator, Mapping, Optional, Sequence
 
 from hpcrep import config
-from hpcrep.comm.abort import ABORT_NOTICE_PATTERN
+from hpcrep.comm.abort import ABORT_NOTICE_PATTERN, DONE_NOTICE_PATTERN
 
 _TERMS = 3             # SIGTERMs before SIGKILL (Open MPI 4.1 exits at the third)
 _TERM_INTERVAL = 1.0   # seconds between them
@@ -48,12 +48,14 @@ class _Notice:
 
     rank: int = -1
     code: int = 0
+    done: bool = False               # the survivors' "job done" after a recovery, not an abort
     seen_at: Optional[float] = None  # time.monotonic() when it passed; None: not yet
 
 
 def supervise(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
               grace: Optional[float] = None, err: Optional[IO] = None) -> int:
-    """Run the launcher ``argv`` to its end, or end it ``grace`` seconds after an abort notice.
+    """Run the launcher ``argv`` to its end, or end it ``grace`` seconds after an abort notice
+    (or the notice of survivors that finished without lost ranks, :data:`DONE_NOTICE_PATTERN`).
 
     Args:
         argv: the launcher's command line (``mpirun ...``).
@@ -94,11 +96,13 @@ def _wait(proc: subprocess.Popen, notice: _Notice, grace: float, err: IO,
             pass
         if notice.seen_at is not None and time.monotonic() - notice.seen_at >= grace:
             break
+    what = ("the survivors of lost ranks finished the job" if notice.done
+            else f"rank {notice.rank} aborted the job")
     with lock:
-        _write(err, f"hpcrep: the launcher is still running {grace:g} s after rank "
-                    f"{notice.rank} aborted the job (HPCREP_LAUNCHER_GRACE): it waits for ranks "
-                    f"or node daemons it cannot reach. Ending it and the processes it started "
-                    f"on this host; exit code {notice.code}.\n".encode())
+        _write(err, f"hpcrep: the launcher is still running {grace:g} s after {what} "
+                    f"(HPCREP_LAUNCHER_GRACE): it waits for ranks or node daemons it cannot "
+                    f"reach. Ending it and the processes it started on this host; exit code "
+                    f"{notice.code}.\n".encode())
     started = _descendants(proc.pid)
     for _ in range(_TERMS):
         started.update(_descendants(proc.pid))
@@ -131,10 +135,13 @@ def _relay(stream: IO[bytes], err: IO, notice: _Notice, lock: threading.Lock) ->
             _write(err, chunk)
         if notice.seen_at is None:
             text = carry + chunk
-            found = ABORT_NOTICE_PATTERN.search(text.decode("utf-8", "replace"))
-            if found:
-                notice.rank, notice.code = int(found.group(1)), int(found.group(2))
-                notice.seen_at = time.monotonic()
+            decoded = text.decode("utf-8", "replace")
+            for pattern, done in ((ABORT_NOTICE_PATTERN, False), (DONE_NOTICE_PATTERN, True)):
+                found = pattern.search(decoded)
+                if found:
+                    notice.rank, notice.code = int(found.group(1)), int(found.group(2))
+                    notice.done, notice.seen_at = done, time.monotonic()
+                    break
             carry = text[text.rfind(b"\n") + 1:][-_CARRY:]
     stream.close()
 

@@ -15,6 +15,12 @@ CLUSTER_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CLUSTER_MPI_OPTIONS=(--mca plm_rsh_agent "$CLUSTER_SCRIPTS/rsh-agent.sh"
   --mca btl tcp,self,vader --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET")
 
+# Open MPI 5's (the .venv-ulfm of `make ulfm`): PRRTE starts the node daemons and names its
+# launch agent plm_ssh_agent; shared memory is "sm". mpirun.sh picks these for a 5.x mpirun.
+CLUSTER_MPI5_OPTIONS=(--prtemca plm_ssh_agent "$CLUSTER_SCRIPTS/rsh-agent.sh"
+  --prtemca oob_tcp_if_include "$SUBNET"
+  --mca btl tcp,self,sm --mca btl_tcp_if_include "$SUBNET")
+
 node_ip()   { echo "$SUBNET_PREFIX.$((10 + ${1#node}))"; }   # node3 -> 10.213.7.13
 node_ns()   { echo "hpcrep-$1"; }                            # its network namespace
 node_veth() { echo "hpcv-$1"; }                              # host end of its link

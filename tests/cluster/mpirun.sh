@@ -33,7 +33,12 @@ PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PY=$ROOT/.venv/bin/python; else PY=python3; fi
 fi
+# MPIRUN=.venv-ulfm/bin/mpirun (Open MPI 5, ULFM: add --with-ft ulfm) takes PRRTE's names.
+options=("${CLUSTER_MPI_OPTIONS[@]}")
+if "$MPIRUN" --version 2>/dev/null | grep -q "(Open MPI) 5"; then
+  options=("${CLUSTER_MPI5_OPTIONS[@]}")
+fi
 exec env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m hpcrep.launch.supervise -- \
   "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none \
-  --hostfile "$CLUSTER_DIR/hostfile" "${CLUSTER_MPI_OPTIONS[@]}" \
+  --hostfile "$CLUSTER_DIR/hostfile" "${options[@]}" \
   "${opts[@]}" "$@"

@@ -22,9 +22,11 @@ from hpcrep.launch.mpirun import mpirun_command, mpirun_env
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RANKS, VICTIM, KILL_AT, BATCH, ROWS, EPOCHS, SEED = 4, 2, 12, 32, 3072, 2, 0
-# ULFM's heartbeat detector: a rank that stops answering (SIGSTOP) is declared failed after 2 s
-DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_period", "0.5",
-            "--mca", "mpi_ft_detector_timeout", "2"]
+# ULFM's heartbeat detector: a rank that stops answering (SIGSTOP) is declared failed after 3 s.
+# Its own thread sends the heartbeats: without it a rank busy in TensorFlow missed its deadlines
+# and was declared dead by the others (seen on the 2-node fixture at a 2 s timeout).
+DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
+            "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "3"]
 
 
 def run_job(venv: Path, out: Path, *extra: str, timeout: float = 240):

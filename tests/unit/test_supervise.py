@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrep.comm.abort import ABORT_NOTICE_PATTERN, abort_notice
+from hpcrep.comm.abort import ABORT_NOTICE_PATTERN, abort_notice, done_notice
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE = 1.0
@@ -77,6 +77,23 @@ def test_a_launcher_that_stays_after_an_abort_is_ended_with_its_children(tmp_pat
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(child), "the launcher's child outlived the supervisor"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_launcher_that_stays_after_the_survivors_finished_is_ended_with_status_0(tmp_path):
+    """ULFM: survivors went on without a cut node and finished; mpirun waits for the node's
+    daemon. Their rank 0's notice ends it as an abort notice would, with exit status 0."""
+    pidfile = tmp_path / "child"
+    stays = STAYS.replace("hpcrep: job abort: rank 2, exit code 75",
+                          done_notice(0, "ranks 2, 3 of 4"))
+    done, took = supervised(stays, str(pidfile))
+    child = int(pidfile.read_text())
+    try:
+        assert done.returncode == 0, done.stderr
+        assert took < GRACE + 3 + 10, took
+        assert "after the survivors of lost ranks finished the job" in done.stderr, done.stderr
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)

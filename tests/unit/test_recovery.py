@@ -1,0 +1,29 @@
+"""hpcrep.comm.recovery in one process: which side of a shrink goes on (the quorum rule), and
+that only a failed rank's MPI error counts as a failure. The recovery itself, on Open MPI 5 with
+ranks SIGKILLed and SIGSTOPped, is tests/launch/test_ulfm_elastic.py."""
+
+import pytest
+from mpi4py import MPI
+
+from hpcrep.comm import recovery
+
+
+@pytest.mark.parametrize("survivors, size, goes_on", [
+    ((0, 1, 3), 4, True),     # one of 4 lost
+    ((0, 1), 4, True),        # half, with rank 0: the side that keeps rank 0 goes on
+    ((2, 3), 4, False),       # the other half of the same partition stops
+    ((1,), 2, False),         # rank 0 of 2 lost: indistinguishable from a partition
+    ((0,), 2, True),
+    ((0,), 3, False),         # a minority, even with rank 0
+    ((1, 2), 3, True),        # a majority without rank 0
+])
+def test_only_one_side_of_a_partition_has_a_quorum(survivors, size, goes_on):
+    assert recovery.has_quorum(survivors, size) is goes_on
+    other = tuple(r for r in range(size) if r not in survivors)
+    assert not (recovery.has_quorum(survivors, size) and recovery.has_quorum(other, size))
+
+
+def test_only_an_mpi_failure_counts():
+    assert not recovery.note(RuntimeError("not MPI"))
+    assert not recovery.note(MPI.Exception(MPI.ERR_TRUNCATE))
+    assert not recovery.failed()
