@@ -82,7 +82,8 @@ CLUSTER_MPI_TESTS := $(addprefix tests/mpi/,test_comm_collectives.py test_tf_col
 
 # The cut-link tests last: after a cut is healed Slurm can take a minute to see node2 again
 # (the next job waited 74 s for it in one gate, 2 s in another).
-CUT_LINK_TEST := tests/cluster/test_elastic_relaunch.py tests/cluster/test_launcher_ends.py
+CUT_LINK_TEST := tests/cluster/test_ulfm_elastic.py tests/cluster/test_elastic_relaunch.py \
+	tests/cluster/test_launcher_ends.py
 CLUSTER_TESTS := $(filter-out $(CUT_LINK_TEST),$(sort $(wildcard tests/cluster/test_*.py))) \
 	$(CUT_LINK_TEST)
 

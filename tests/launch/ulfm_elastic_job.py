@@ -38,6 +38,7 @@ parser.add_argument("--kill-at", type=int, default=20, help="in epoch 0, before 
 parser.add_argument("--stop", action="store_true",
                     help="the victim SIGSTOPs itself (a hung rank) instead of SIGKILL")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--print-steps", action="store_true", help="rank 0 prints each step's end")
 args = parser.parse_args()
 
 hvd.init()
@@ -81,6 +82,8 @@ class Progress(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step_ends.append(time.time())
+        if args.print_steps and hvd.rank() == 0:
+            print(f"rank 0 step {len(step_ends)} at {step_ends[-1]:.3f}", flush=True)
         n = hvd.size()
         mine = self.rows[self.steps * args.batch:(self.steps + 1) * args.batch]
         fed.append([self.epoch, state.rows_done] + [int(r) for r in mine])

@@ -1,0 +1,91 @@
+"""In-process elastic over ULFM across the 2-node fixture (Open MPI 5 from ``.venv-ulfm``,
+``mpirun --with-ft ulfm`` with the threaded heartbeat detector; issue 22): 2 nodes x 2 ranks
+train a Keras model on Fashion-MNIST under ``@hvd.elastic.run`` (tests/launch/ulfm_elastic_job.py)
+and lose rank 3 on node2 to SIGKILL or SIGSTOP, or all of node2 to a cut link. The ranks left
+go on in the same mpirun from the last commit, finish with equal weights, and mpirun exits 0;
+after a cut, node2's side stops (no quorum) and the launcher supervisor ends the mpirun that
+waits for node2's daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+JOB = "tests/launch/ulfm_elastic_job.py"
+DETECTOR_TIMEOUT = 5
+STALL_TIMEOUT = 20
+DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
+            "--mca", "mpi_ft_detector_period", "1",
+            "--mca", "mpi_ft_detector_timeout", str(DETECTOR_TIMEOUT)]
+
+
+@pytest.fixture(scope="module")
+def ulfm_mpirun(cluster, skip_missing) -> str:
+    venv = cluster.root / ".venv-ulfm"
+    if not (venv / "bin" / "mpirun").exists():
+        skip_missing(f"the Open MPI 5 / ULFM environment {venv} (make it with: make ulfm)")
+    return str(venv / "bin" / "mpirun")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("fault", ["kill", "stop", "cut"])
+def test_the_ranks_left_go_on_in_the_same_mpirun(cluster, ulfm_mpirun, tmp_path, fault):
+    node2 = cluster.nodes[1]
+    victim = ["--victim", "3", "--kill-at", "12"] + (["--stop"] if fault == "stop" else [])
+    command = [str(cluster.root / ".venv-ulfm" / "bin" / "python"), JOB, "--out", str(tmp_path),
+               "--rows", "8192", "--epochs", "3", "--commit-every", "4", "--print-steps",
+               *(victim if fault != "cut" else [])]
+    proc = cluster.popen(["-n", "4", "--map-by", "ppr:2:node", "--with-ft", "ulfm", *DETECTOR],
+                         command, MPIRUN=ulfm_mpirun, HPCREP_STALL_TIMEOUT=str(STALL_TIMEOUT),
+                         PYTHONPATH=os.pathsep.join([str(cluster.root),
+                                                     os.environ.get("PYTHONPATH", "")]))
+    lines: list[str] = []
+    event = None
+    try:
+        deadline = time.monotonic() + 300
+        for line in proc.stdout:
+            lines.append(line)
+            if fault == "cut" and event is None and re.match(r"rank 0 step 30 ", line):
+                cluster.fault("cut", node2)
+                event = time.time()
+            assert time.monotonic() < deadline, "".join(lines)[-4000:]
+        proc.wait(timeout=60)
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if fault == "cut":
+            cluster.fault("heal", node2)
+            cluster.wait_until_nodes_run()  # for the tests after this one
+    out = "".join(lines)
+    assert proc.returncode == 0, out[-4000:]
+    if fault != "cut":
+        event = float((tmp_path / "death").read_text())
+    assert event is not None, out[-4000:]
+    kept = [0, 1, 2] if fault != "cut" else [0, 1]
+    lost = "3" if fault != "cut" else "2, 3"
+    assert f"hpcrep: rank(s) {lost} of 4 failed; {len(kept)} survivors go on" in out, out[-4000:]
+    assert sorted(p.name for p in tmp_path.glob("rank*.json")) == \
+        [f"rank{r}.json" for r in kept], out[-4000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in kept]
+    for old, res in zip(kept, results):
+        assert (res["rank"], res["size"]) == (old, len(kept)), res
+        assert res["accuracy"] > 0.6, res["accuracy"]
+    weights = [np.load(tmp_path / f"weights{r}.npz") for r in kept]
+    for other in weights[1:]:
+        for key in weights[0].files:
+            np.testing.assert_array_equal(weights[0][key], other[key])
+    first = max(min(t for t in r["step_ends"] if t > r["resumes"][1][2]) for r in results)
+    noticed = max(r["recoveries"][0]["noticed"] for r in results) - event
+    shrink = max(r["recoveries"][0]["shrink_seconds"] for r in results)
+    bound = {"kill": 5, "stop": DETECTOR_TIMEOUT + 5, "cut": STALL_TIMEOUT + 5}[fault]
+    print(f"\nULFM on the fixture, {fault} ({node2}): the ranks left went on "
+          f"{first - event:.2f} s after (noticed {noticed:.2f} s, revoke + shrink {shrink:.2f} "
+          f"s; bound {bound} s); mpirun exited {ended - event:.1f} s after")
+    assert first - event < bound, first - event
