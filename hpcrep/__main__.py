@@ -6,7 +6,9 @@ Start it on every rank (``mpirun -n 4 python -m hpcrep train.py``, ``srun``, or
 ``python -m hpcrep --no-transparent script.py`` runs a script that distributes its own training
 (``hpcrep.tensorflow`` or Horovod's API) without transparent mode, with ``horovod.*`` mapped to
 hpcrep's modules where Horovod is not installed (:mod:`hpcrep.tensorflow.horovod_alias`);
-``hpcrep run`` chooses between the two by reading the script.
+``hpcrep run`` chooses between the two by reading the script. ``python -m hpcrep --elastic
+script.py`` keeps ``fit`` going on the survivors of a failed rank where the MPI allows it
+(``HPCREP_TRANSPARENT_ELASTIC``, :mod:`hpcrep.tensorflow.transparent.elastic_fit`).
 An unhandled exception on any rank aborts every rank (see :mod:`hpcrep.launch.runner`).
 """
 
@@ -16,6 +18,7 @@ import sys
 from typing import ContextManager
 
 EXPLICIT_FLAG = "--no-transparent"
+ELASTIC_FLAG = "--elastic"
 
 
 def _transparent() -> ContextManager:
@@ -39,6 +42,9 @@ if __name__ == "__main__":
     from hpcrep.launch.runner import main
 
     argv = sys.argv[1:]
+    if argv[:1] == [ELASTIC_FLAG]:  # before the settings are read (transparent() reads them)
+        os.environ["HPCREP_TRANSPARENT_ELASTIC"] = "1"
+        argv = argv[1:]
     explicit = argv[:1] == [EXPLICIT_FLAG]
     sys.exit(main(argv[1:] if explicit else argv,
                   context=_explicit if explicit else _transparent))

@@ -182,6 +182,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "terminate mpirun and the processes it started on this machine, and exit with the "
             "rank's exit code. Open MPI 4.1's mpirun otherwise waits for the daemon of a node it "
             "cannot reach (a cut link) until the link returns. 0 runs mpirun unsupervised."),
+    Setting("HPCREP_ULFM_DETECT_TIMEOUT", float, 5.0,
+            "hpcrep run --elastic on an MPI with ULFM (Open MPI 5): seconds without a heartbeat "
+            "after which ULFM's detector (in a thread of its own, one heartbeat a second) "
+            "declares a rank failed, so that a stopped rank or a cut node is left behind like "
+            "a dead one. 0 turns the detector off (only ranks whose process ends are found)."),
     Setting("HPCREP_MATCH_TIMEOUT", float, 30.0,
             "Compiled path: when ranks queue allreduces in different orders (independent ops of "
             "a TF1 graph), requests are matched by name; if no pending name is pending on every "
@@ -252,6 +257,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Transparent mode: multiply each optimizer's learning rate (or schedule) by the "
             "number of ranks when it first applies gradients (the global batch grew N-fold).",
             same_on_all_ranks=True),
+    Setting("HPCREP_TRANSPARENT_ELASTIC", _parse_bool, False,
+            "Transparent mode (python -m hpcrep --elastic sets it): where the job can outlive "
+            "a rank (ULFM: Open MPI 5, mpirun --with-ft ulfm), fit commits the model and "
+            "optimizer in memory at every epoch's end, and after a failed rank the survivors "
+            "go back to that commit, reshard the input to the new number of ranks (the batch "
+            "per rank stays; the global batch shrinks) and go on. Without ULFM: a warning, "
+            "and a failed rank ends the job as usual.", same_on_all_ranks=True),
     Setting("HPCREP_COMPRESSION", _parse_compression, ("none", 0, 0),
             "Transparent mode: how every optimizer's gradients travel. 'none'; 'fp16' (half "
             "the bytes, sums in float16); 'powersgd:R' or 'powersgd:R:W': PowerSGD rank-R "

@@ -130,7 +130,7 @@ def recover(step: int = 0) -> Recovery:
     Collective: every surviving rank must call this, after the failure (a rank that has not
     seen it yet would keep the others waiting: :func:`confirm` makes every rank see it).
     """
-    global _failure, _finalize_hooked
+    global _failure
     noticed = _noticed or time.time()
     old = world.communicator()
     old_size = old.size() if old.comm is not None else len(old.ranks)
@@ -146,10 +146,7 @@ def recover(step: int = 0) -> Recovery:
     with _lock:
         _failure = None
         _history.append(done)
-        if not _finalize_hooked:
-            # Registered after mpi4py's own exit hook, so it runs first.
-            atexit.register(_at_exit)
-            _finalize_hooked = True
+
     if world.rank() == 0:
         print(f"hpcrep: rank(s) {', '.join(map(str, done.lost))} of {old_size} failed; "
               f"{done.new_size} survivors go on from step {done.step} (revoke + shrink "
@@ -201,6 +198,19 @@ def _end_lost_neighbours(shrunk: ulfm.Shrunk, hosts: tuple[str, ...],
                 pass
 
 
+def arm() -> None:
+    """In a job started with fault tolerance on, end MPI at exit the way :func:`_at_exit` does:
+    Open MPI 5's ``MPI_Finalize`` there can wait for good, with or without a failure (4 ranks on
+    2 nodes with the threaded detector and no failure sat in it after writing their results).
+    Registered after mpi4py's own exit hook, so it runs first. Local; once.
+    :func:`hpcrep.comm.init` calls it."""
+    global _finalize_hooked
+    with _lock:
+        if not _finalize_hooked and ulfm.ft_enabled():
+            atexit.register(_at_exit)
+            _finalize_hooked = True
+
+
 def _at_exit() -> None:
     """At the exit of a survivor: wait until every survivor is exiting, let rank 0 print the
     notice that ends a launcher still waiting for a lost node's daemon
@@ -211,7 +221,7 @@ def _at_exit() -> None:
     try:
         if world.is_initialized() and not failed():
             world.comm().Agree(1)  # fault tolerant: returns on every living rank
-            if world.rank() == 0:
+            if _history and world.rank() == 0:
                 lost = "; ".join(f"ranks {', '.join(map(str, r.lost))} of {r.old_size}"
                                  for r in _history)
                 print(done_notice(0, lost), file=sys.stderr, flush=True)

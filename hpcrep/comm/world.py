@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import watchdog
+from hpcrep.comm import ulfm, watchdog
 from hpcrep.comm.abort import abort as abort_job
 from hpcrep.comm.communicator import Communicator
 from hpcrep.errors import ConfigError, NotInitializedError
@@ -69,6 +69,10 @@ def init(comm: Any = None) -> None:
             raise
         _world = Communicator(private, range(private.Get_size()), "the job")
         watchdog.attach(private)
+        if ulfm.ft_enabled():
+            from hpcrep.comm import recovery  # noqa: PLC0415 - it imports this module
+
+            recovery.arm()
 
 
 def check_settings(comm: Any) -> None:

@@ -86,6 +86,37 @@ def mpirun_command(n: int, command: Sequence[str], mpirun: Optional[str] = None,
     return argv + list(extra) + list(command)
 
 
+@functools.lru_cache(maxsize=None)
+def has_ulfm(mpirun: str) -> bool:
+    """Return True if ``mpirun`` is Open MPI 5 or later built with ULFM (its ``ompi_info``
+    reports "FT MPI support: yes"): jobs it starts with :func:`ulfm_arguments` can outlive a
+    rank (:mod:`hpcrep.comm.recovery`). Local; runs ``ompi_info`` once."""
+    name, major = flavor(mpirun)
+    if name != "openmpi" or major < 5:
+        return False
+    info = os.path.join(os.path.dirname(mpirun), "ompi_info")
+    try:
+        text = subprocess.run([info], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "FT MPI support: yes" in text
+
+
+def ulfm_arguments(detect_timeout: float) -> list[str]:
+    """Return Open MPI 5's options for a job whose survivors go on after a failed rank: fault
+    tolerance on, and (``detect_timeout`` > 0) ULFM's heartbeat detector in its own thread,
+    declaring a rank failed after ``detect_timeout`` seconds without a heartbeat (a stopped
+    rank, a cut node). Without its own thread a rank busy in TensorFlow misses its heartbeats
+    and is declared dead while alive (seen on the 2-node fixture)."""
+    argv = ["--with-ft", "ulfm"]
+    if detect_timeout > 0:
+        period = min(1.0, detect_timeout / 3)
+        argv += ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
+                 "--mca", "mpi_ft_detector_period", f"{period:g}",
+                 "--mca", "mpi_ft_detector_timeout", f"{detect_timeout:g}"]
+    return argv
+
+
 def env_arguments(settings: Sequence[tuple[str, str]], mpi_family: str) -> list[str]:
     """Return the ``mpirun`` arguments that set each ``(name, value)`` of ``settings`` on every
     rank, remote nodes included: MPICH ``-genv NAME VALUE``, else Open MPI ``-x NAME=VALUE``."""

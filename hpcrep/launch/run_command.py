@@ -28,7 +28,8 @@ from hpcrep import config
 from hpcrep.errors import LaunchOptionError
 from hpcrep.launch import hosts as hostlists
 from hpcrep.launch import relaunch
-from hpcrep.launch.mpirun import env_arguments, find_mpirun, flavor, mpirun_command, mpirun_env
+from hpcrep.launch.mpirun import (env_arguments, find_mpirun, flavor, has_ulfm, mpirun_command,
+                                  mpirun_env, ulfm_arguments)
 from hpcrep.launch.script_api import EXPLICIT_MODULES, ExplicitImport, script_imports
 from hpcrep.launch.supervise import supervise
 from hpcrep.slurm import environment, srun
@@ -332,13 +333,24 @@ def _run_elastic(args: argparse.Namespace, env: dict) -> int:
     mpirun = find_mpirun()
     family = flavor(mpirun)[0]
     extra = shlex.split(args.mpi_args or "")
+    in_process = has_ulfm(mpirun)
+    if in_process:
+        print(f"hpcrep run: elastic: {mpirun} has ULFM: a failed rank's survivors go on in the "
+              "same job (@hvd.elastic.run); a job that fails as a whole is relaunched from its "
+              "last commit", file=sys.stderr, flush=True)
 
     def launch(n: int, where: Sequence[hostlists.Host], attempt_env: dict) -> int:
+        mpi_args = args.mpi_args or ""
+        if in_process:
+            mpi_args = shlex.join(ulfm_arguments(config.get("HPCREP_ULFM_DETECT_TIMEOUT"))) + \
+                " " + mpi_args
         placed = argparse.Namespace(**{
-            **vars(args), "np": n, "hostfile": None,
+            **vars(args), "np": n, "hostfile": None, "mpi_args": mpi_args,
             "hosts": ",".join(f"{h.name}:{h.slots}" for h in where) or None})
         built = build_launch(placed, mpirun=mpirun, settings=[
-            ("HPCREP_ELASTIC_DIR", attempt_env["HPCREP_ELASTIC_DIR"])])
+            ("HPCREP_ELASTIC_DIR", attempt_env["HPCREP_ELASTIC_DIR"]),
+            # transparent mode's fit goes on in the job (python -m hpcrep --elastic)
+            *([("HPCREP_TRANSPARENT_ELASTIC", "1")] if in_process else [])])
         if args.verbose:
             print(f"hpcrep run: {shlex.join(built.argv)}", file=sys.stderr, flush=True)
         return supervise(built.argv, env=attempt_env)

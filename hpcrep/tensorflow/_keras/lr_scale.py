@@ -110,3 +110,22 @@ def rescale_after_load(optimizer: Any) -> None:
         with tf.init_scope():
             for variable, f in rates:
                 variable.assign(variable * f)
+
+
+def follow_size(optimizer: Any, ratio: float) -> None:
+    """Multiply the rates this process scaled among ``optimizer``'s (a rate variable or a
+    :class:`ScaledSchedule`) by ``ratio``, and their factors with them: after the job shrank
+    from N to M ranks (``ratio`` M / N) the rate follows the new size. Local; a no-op for
+    unscaled optimizers."""
+    if optimizer is None:
+        return
+    with tf.init_scope():
+        for scaled, f in list(_factors.items()):
+            variable = _rate_variable(scaled)
+            if variable is not None and any(variable is v for v in optimizer.variables):
+                variable.assign(variable * ratio)
+                _factors[scaled] = f * ratio
+    for candidate in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        schedule = getattr(candidate, "_learning_rate", None)
+        if isinstance(schedule, ScaledSchedule):
+            schedule.factor *= ratio

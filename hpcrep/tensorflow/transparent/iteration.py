@@ -40,9 +40,9 @@ def install(patches: PatchSet) -> None:
     """Patch ``tf.data.Dataset.__iter__``. Local."""
     owner = defining_class(tf.data.Dataset, "__iter__")
     original = vars(owner)["__iter__"]
-    rank, size = comm.rank(), comm.size()
 
     def __iter__(self: Any) -> Any:
+        rank, size = comm.rank(), comm.size()  # now: an elastic job may have shrunk
         if should_shard(self, size):
             return original(sharding.shard_dataset(self, rank, size, equal=True))
         return original(self)

@@ -34,7 +34,7 @@ from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback
                                                 average_logs)
 from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.replica_check import watch_model
-from hpcrep.tensorflow.transparent import sharding
+from hpcrep.tensorflow.transparent import elastic_fit, sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
 from hpcrep.tensorflow.transparent.predict_share import drop, shard_for_predict
 from hpcrep.tensorflow.transparent.state import in_keras_loop, keras_loop
@@ -112,8 +112,8 @@ class _BatchSizes(keras.callbacks.Callback):
 
 
 def install(patches: PatchSet) -> None:
-    """Patch ``fit``, ``evaluate`` and ``predict`` of ``keras.Model``. Local."""
-    rank, size = comm.rank(), comm.size()
+    """Patch ``fit``, ``evaluate`` and ``predict`` of ``keras.Model``. Local. Each call reads the
+    job's rank and size when it runs (they change when an elastic job shrinks)."""
     fit_owner = defining_class(keras.Model, "fit")
     original_fit = vars(fit_owner)["fit"]
     original_evaluate = vars(defining_class(keras.Model, "evaluate"))["evaluate"]
@@ -125,20 +125,30 @@ def install(patches: PatchSet) -> None:
             return original_fit(self, *args, **kwargs)
         bound = bind(original_fit, self, args, kwargs)
         a = bound.arguments
-        a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
-            a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True)
-        a["validation_data"] = _shard_validation(a["validation_data"], rank, size)
+        given = {k: a[k] for k in ("x", "y", "sample_weight", "validation_data", "callbacks")}
         checkpoint = callback_from_settings()
         if checkpoint is not None and self.built:
             # Restoring before fit lets fit skip the epochs already done; an unbuilt model is
             # restored by the callback at train begin (weights only, epochs counted afresh).
             a["initial_epoch"] = max(a["initial_epoch"], checkpoint.restore(self))
-        a["callbacks"] = distributed_callbacks(a["callbacks"], checkpoint)
-        _quiet_off_root(a)
         if getattr(self, "optimizer", None) is not None:
             watch_model(self.optimizer, self)  # the canary reports its non-trainable state too
-        with keras_loop():
-            return original_fit(*bound.args, **bound.kwargs)
+
+        def attempt(initial_epoch: int, extra: list) -> Any:
+            """One ``fit`` over the input sharded by the job's rank and size now."""
+            r, n = comm.rank(), comm.size()
+            a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
+                given["x"], [given["y"], given["sample_weight"]], r, n, equal=True)
+            a["validation_data"] = _shard_validation(given["validation_data"], r, n)
+            a["callbacks"] = distributed_callbacks(given["callbacks"], checkpoint) + extra
+            a["initial_epoch"] = initial_epoch
+            _quiet_off_root(a)
+            with keras_loop():
+                return original_fit(*bound.args, **bound.kwargs)
+
+        if elastic_fit.requested():
+            return elastic_fit.fit(self, attempt, a["initial_epoch"])
+        return attempt(a["initial_epoch"], [])
 
     @functools.wraps(original_evaluate)
     def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -146,6 +156,7 @@ def install(patches: PatchSet) -> None:
             return original_evaluate(self, *args, **kwargs)
         bound = bind(original_evaluate, self, args, kwargs)
         a = bound.arguments
+        rank, size = comm.rank(), comm.size()
         a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
             a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True, whole_if_short=True)
         if comm.rank() != 0 and isinstance(a["callbacks"], (list, tuple)):
@@ -158,6 +169,7 @@ def install(patches: PatchSet) -> None:
 
     @functools.wraps(original_predict)
     def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rank, size = comm.rank(), comm.size()
         if in_keras_loop() or size == 1:
             return original_predict(self, *args, **kwargs)
         bound = bind(original_predict, self, args, kwargs)
@@ -183,3 +195,5 @@ def install(patches: PatchSet) -> None:
     patches.attr(defining_class(keras.Model, "predict"), "predict", predict)
     patches.label("fit/evaluate/predict (inputs sharded, equal steps)")
     patches.label("epoch logs (averaged), callbacks writing files (rank 0 only)")
+    if elastic_fit.requested():
+        patches.label("fit goes on after a failed rank (ULFM; commits at every epoch's end)")
