@@ -4,7 +4,9 @@ train a Keras model on Fashion-MNIST under ``@hvd.elastic.run`` (tests/launch/ul
 and lose rank 3 on node2 to SIGKILL or SIGSTOP, or all of node2 to a cut link. The ranks left
 go on in the same mpirun from the last commit, finish with equal weights, and mpirun exits 0;
 after a cut, node2's side stops (no quorum) and the launcher supervisor ends the mpirun that
-waits for node2's daemon."""
+waits for node2's daemon. And ``python -m hpcrep --elastic`` (transparent mode) keeps an
+unchanged ``fit`` going on the ranks left after rank 3 is SIGKILLed
+(tests/launch/transparent_elastic_job.py)."""
 
 from __future__ import annotations
 
@@ -89,3 +91,29 @@ def test_the_ranks_left_go_on_in_the_same_mpirun(cluster, ulfm_mpirun, tmp_path,
           f"{first - event:.2f} s after (noticed {noticed:.2f} s, revoke + shrink {shrink:.2f} "
           f"s; bound {bound} s); mpirun exited {ended - event:.1f} s after")
     assert first - event < bound, first - event
+
+
+@pytest.mark.timeout(300)
+def test_transparent_fit_goes_on_across_the_nodes(cluster, ulfm_mpirun, tmp_path):
+    command = [str(cluster.root / ".venv-ulfm" / "bin" / "python"), "-m", "hpcrep", "--elastic",
+               "tests/launch/transparent_elastic_job.py", str(tmp_path), "8192", "3"]
+    done = cluster.mpirun(["-n", "4", "--map-by", "ppr:2:node", "--with-ft", "ulfm", *DETECTOR,
+                           "-x", "KILL_RANK", "-x", "KILL_AT"], command, timeout=240,
+                          MPIRUN=ulfm_mpirun, KILL_RANK="3", KILL_AT="20",
+                          PYTHONPATH=os.pathsep.join([str(cluster.root),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:]
+    assert "hpcrep: fit goes on at epoch 2 on 3 ranks" in out, out[-4000:]
+    assert re.search(r"epochs logged 3; test accuracy 0\.[6-9]", out), out[-4000:]
+    weights = [np.load(tmp_path / f"weights{r}.npz") for r in (0, 1, 2)]
+    for other in weights[1:]:
+        for key in weights[0].files:
+            np.testing.assert_array_equal(weights[0][key], other[key])
+    death = float((tmp_path / "death").read_text())
+    begins = sorted(float(t) for t in re.findall(r"train begin ([0-9.]+)", out))
+    resumed = min(t for t in begins if t > death)
+    first = min(float(t) for t in re.findall(r"step end ([0-9.]+)", out) if float(t) > resumed)
+    print(f"\ntransparent elastic fit on the fixture: rank 3 (node2) SIGKILLed; first step of "
+          f"the ranks left {first - death:.2f} s after")
+    assert first - death < 5, first - death

@@ -1,6 +1,6 @@
 """An ordinary single-process Keras script (Fashion-MNIST, a small dense model) for the
 transparent case of tests/launch/test_ulfm_elastic.py, run as ``python -m hpcrep --elastic
-transparent_elastic_job.py OUT [ROWS [EPOCHS]]``. Two lines are test instruments, not what a
+transparent_elastic_job.py OUT [ROWS [EPOCHS [SEED]]]``. Two lines are test instruments, not what a
 user writes: with ``KILL_RANK``/``KILL_AT`` in the environment, that MPI rank SIGKILLs itself
 before batch ``KILL_AT`` of the second epoch, and every process writes its weights to
 ``OUT/weights<MPI rank>.npz`` (numpy's writes are not kept to rank 0) so that the test can
@@ -21,12 +21,13 @@ from hpcrep.data.mnist import fashion_mnist_split
 out = sys.argv[1]
 rows = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
 epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 x, y = fashion_mnist_split("train", rows)
 x_test, y_test = fashion_mnist_split("test", 2000)
 x = (x.reshape(len(x), -1) / 255.0).astype("float32")
 x_test = (x_test.reshape(len(x_test), -1) / 255.0).astype("float32")
-keras.utils.set_random_seed(0)
+keras.utils.set_random_seed(seed)
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),
                           keras.layers.Dense(10)])
 model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
