@@ -203,10 +203,10 @@ def arm() -> None:
     Open MPI 5's ``MPI_Finalize`` there can wait for good, with or without a failure (4 ranks on
     2 nodes with the threaded detector and no failure sat in it after writing their results).
     Registered after mpi4py's own exit hook, so it runs first. Local; once.
-    :func:`hpcrep.comm.init` calls it."""
+    :func:`hpcrep.comm.init` calls it (registered with :func:`hpcrep.comm.world.at_init`)."""
     global _finalize_hooked
     with _lock:
-        if not _finalize_hooked and ulfm.ft_enabled():
+        if not _finalize_hooked and ulfm.ft_enabled() and world.is_initialized():
             atexit.register(_at_exit)
             _finalize_hooked = True
 
@@ -234,3 +234,5 @@ def history() -> list[Recovery]:
     """Return the recoveries this rank took part in, oldest first. Local."""
     return list(_history)
 
+
+world.at_init(arm)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from hpcrep import config
-from hpcrep.comm import ulfm, watchdog
+from hpcrep.comm import watchdog
 from hpcrep.comm.abort import abort as abort_job
 from hpcrep.comm.communicator import Communicator
 from hpcrep.errors import ConfigError, NotInitializedError
@@ -23,6 +23,7 @@ from hpcrep.errors import ConfigError, NotInitializedError
 _world: Optional[Communicator] = None
 _at_shutdown: list[Callable[[], None]] = []
 _at_replace: list[Callable[[], None]] = []
+_at_init: list[Callable[[], None]] = []
 _lock = threading.RLock()
 
 
@@ -69,10 +70,8 @@ def init(comm: Any = None) -> None:
             raise
         _world = Communicator(private, range(private.Get_size()), "the job")
         watchdog.attach(private)
-        if ulfm.ft_enabled():
-            from hpcrep.comm import recovery  # noqa: PLC0415 - it imports this module
-
-            recovery.arm()
+        for callback in list(_at_init):
+            callback()
 
 
 def check_settings(comm: Any) -> None:
@@ -120,6 +119,17 @@ def at_shutdown(callback: Callable[[], None]) -> None:
     """
     with _lock:
         _at_shutdown.append(callback)
+
+
+def at_init(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at the end of every :func:`init` (and now, if initialised already): for
+    modules above this one that set something up per job (:mod:`hpcrep.comm.recovery`'s exit
+    hook). Local."""
+    with _lock:
+        _at_init.append(callback)
+        initialised = _world is not None
+    if initialised:
+        callback()
 
 
 def at_replace(callback: Callable[[], None]) -> None:
