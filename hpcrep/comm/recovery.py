@@ -26,6 +26,7 @@ import time
 from typing import Optional
 
 from hpcrep.comm import ulfm, watchdog, world
+from hpcrep.comm.abort import done_notice
 from hpcrep.errors import RankFailedError
 
 
@@ -94,7 +95,7 @@ def raise_failure(exc: BaseException) -> None:
         "hpcrep.comm.recovery.recover() on every survivor.") from exc
 
 
-def confirm(step: int = 0) -> None:
+def confirm() -> None:
     """Raise :class:`RankFailedError` on every survivor if any rank of the job has failed, even
     one no collective has needed yet (a fault-tolerant agreement: the same answer everywhere).
 
@@ -133,7 +134,7 @@ def recover(step: int = 0) -> Recovery:
     global _failure
     noticed = _noticed or time.time()
     old = world.communicator()
-    old_size = old.size() if old.comm is not None else len(old.ranks)
+    old_size = len(old.ranks)
     hosts, pids = watchdog.hosts(), watchdog.pids()
     shrunk = ulfm.shrink(old.comm, step)
     start = time.perf_counter()
@@ -216,8 +217,6 @@ def _at_exit() -> None:
     notice that ends a launcher still waiting for a lost node's daemon
     (:data:`hpcrep.comm.abort.DONE_NOTICE`, :mod:`hpcrep.launch.supervise`), then end MPI with
     a deadline (after a failure Open MPI 5's ``MPI_Finalize`` can wait for good)."""
-    from hpcrep.comm.abort import done_notice  # noqa: PLC0415
-
     try:
         if world.is_initialized() and not failed():
             world.comm().Agree(1)  # fault tolerant: returns on every living rank
