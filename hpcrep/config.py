@@ -290,6 +290,16 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_ELASTIC_DIR", str, "",
             "Directory where hvd.elastic states also write each commit (rank 0), and from which "
             "a relaunched job's first sync resumes. Empty: commits stay in memory."),
+    Setting("HPCREP_ELASTIC_MAX_NP", int, 0,
+            "In-process elastic (ULFM; hpcrep run --max-np sets it): after ranks were lost, grow "
+            "the job back up to this many ranks at a commit of @hvd.elastic.run's state, "
+            "spawning new ranks into free slots of the hosts the job still runs on "
+            "(hpcrep/comm/grow.py). 0: never grow.", same_on_all_ranks=True),
+    Setting("HPCREP_ELASTIC_MIN_NP", int, 1,
+            "In-process elastic (ULFM; hpcrep run --min-np sets it): if fewer ranks than this "
+            "survive a failure, they stop (exit status 76) with a message instead of going on; "
+            "the last commit stays in HPCREP_ELASTIC_DIR for a relaunch.",
+            same_on_all_ranks=True),
     Setting("HPCREP_PARAM_STORE", _parse_param_store, "auto",
             "Parameter store of the Replicator's asynchronous regime (SyncGroups): 'window' an "
             "MPI one-sided window on the store rank (MPI.Win.Allocate, passive-target locks); "

@@ -112,6 +112,18 @@ class FaultToleranceUnavailableError(HpcrepError, RuntimeError):
     with fault tolerance on (Open MPI 5's ``mpirun --with-ft ulfm``), and this one has not."""
 
 
+class HostsUpdatedInterrupt(HpcrepError, RuntimeError):
+    """Raised by an elastic state's ``commit()`` on every rank when the job can grow back
+    (:mod:`hpcrep.comm.grow`): ``@hvd.elastic.run`` adds the ranks and calls the function
+    again, synced from rank 0 (Horovod's exception of the same name; ``skip_sync`` is always
+    False). ``plan`` says where the new ranks go."""
+
+    def __init__(self, plan: object = None, skip_sync: bool = False) -> None:
+        super().__init__(f"the job can grow back: {plan}")
+        self.plan = plan
+        self.skip_sync = skip_sync
+
+
 class LaunchOptionError(HpcrepError, ValueError):
     """``hpcrep run`` was given options it cannot launch with (bad host list or hostfile, more
     ranks than slots, an option whose feature is not built yet); checked before anything runs."""

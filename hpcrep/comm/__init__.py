@@ -14,6 +14,7 @@ from hpcrep.comm.collectives import (allgather, allgather_object, allgatherv, al
                                      barrier, broadcast, broadcast_object, grouped_allgather,
                                      grouped_allgatherv, grouped_allreduce, grouped_broadcast,
                                      grouped_reducescatter, reducescatter)
+from hpcrep.comm import grow  # noqa: F401 - its init hook must be in place before init()
 from hpcrep.comm.communicator import Communicator
 from hpcrep.comm.current import current, resolve, using
 from hpcrep.comm.join import join

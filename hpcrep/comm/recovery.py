@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Optional
 
+from hpcrep import config
 from hpcrep.comm import ulfm, watchdog, world
 from hpcrep.comm.abort import done_notice
 from hpcrep.errors import RankFailedError
@@ -140,6 +141,8 @@ def recover(step: int = 0) -> Recovery:
     start = time.perf_counter()
     _stop_unless_quorum(shrunk, old_size, hosts)
     _end_lost_neighbours(shrunk, hosts, pids)
+    _stop_below_minimum(shrunk, old_size)
+    world.drop_links()  # a link to spawned ranks may hold a lost one: never disconnected
     world.replace(shrunk.comm)
     done = Recovery(lost=shrunk.lost, old_size=old_size, new_size=shrunk.comm.Get_size(),
                     step=shrunk.step, noticed=noticed, shrink_seconds=shrunk.seconds,
@@ -178,6 +181,28 @@ def _stop_unless_quorum(shrunk: ulfm.Shrunk, old_size: int, hosts: tuple[str, ..
           "on if it holds the majority (or half with rank 0); restart from the last commit "
           "otherwise.", file=sys.stderr, flush=True)
     os._exit(NO_QUORUM_EXIT)
+
+
+TOO_FEW_EXIT = 76  # the survivors of a failure are fewer than HPCREP_ELASTIC_MIN_NP
+
+
+def _stop_below_minimum(shrunk: ulfm.Shrunk, old_size: int) -> None:
+    """End this process (exit status :data:`TOO_FEW_EXIT`) if fewer ranks than
+    ``HPCREP_ELASTIC_MIN_NP`` survived, saying so on stderr (the new rank 0 only)."""
+    minimum = config.get("HPCREP_ELASTIC_MIN_NP")
+    survivors = shrunk.comm.Get_size()
+    if survivors >= minimum:
+        return
+    if shrunk.comm.Get_rank() == 0:
+        directory = config.get("HPCREP_ELASTIC_DIR")
+        kept = (f"the last commit is in {directory}" if directory else
+                "set HPCREP_ELASTIC_DIR (hpcrep run --elastic does) to keep commits on disk")
+        print(f"hpcrep: only {survivors} of {old_size} ranks survived (ranks "
+              f"{', '.join(map(str, shrunk.lost))} lost), fewer than HPCREP_ELASTIC_MIN_NP="
+              f"{minimum}: the job stops; {kept}. Relaunch on enough hosts to resume from it.",
+              file=sys.stderr, flush=True)
+    sys.stderr.flush()
+    os._exit(TOO_FEW_EXIT)
 
 
 def _end_lost_neighbours(shrunk: ulfm.Shrunk, hosts: tuple[str, ...],
@@ -224,9 +249,30 @@ def _at_exit() -> None:
                 lost = "; ".join(f"ranks {', '.join(map(str, r.lost))} of {r.old_size}"
                                  for r in _history)
                 print(done_notice(0, lost), file=sys.stderr, flush=True)
+        if not failed():
+            _disconnect_links()
     except Exception:  # noqa: BLE001 - a rank lost at exit: finalize all the same
         pass
     ulfm.finalize()
+
+
+def _disconnect_links(timeout: float = 10.0) -> None:
+    """If ranks were spawned to grow the job, free every communicator that holds both them and
+    the ranks that spawned them (:func:`hpcrep.comm.world.shutdown`) and disconnect the links:
+    Open MPI's ``MPI_Finalize`` in the spawned ranks otherwise waits (``ompi_dpm_dyn_finalize``)
+    for the spawning ranks to disconnect such communicators, which they do only after the heartbeat
+    detector's finalize, which does not return. A step still waiting after ``timeout`` seconds
+    ends this process with status 0, as :func:`hpcrep.comm.ulfm.finalize` does."""
+    if not world.has_links():
+        return
+    timer = threading.Timer(timeout, os._exit, (0,))
+    timer.daemon = True
+    timer.start()
+    try:
+        world.shutdown()
+        world.disconnect_links()
+    finally:
+        timer.cancel()
 
 
 def history() -> list[Recovery]:

@@ -9,6 +9,7 @@ another communicator (see :mod:`hpcrep.comm.current`).
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -24,7 +25,14 @@ _world: Optional[Communicator] = None
 _at_shutdown: list[Callable[[], None]] = []
 _at_replace: list[Callable[[], None]] = []
 _at_init: list[Callable[[], None]] = []
+_links: list[Any] = []  # intercommunicators to ranks spawned to grow the job, oldest first
 _lock = threading.RLock()
+GROW_CHILD_ENV = "HPCREP_GROW_CHILD"  # set on ranks spawned to grow a job (hpcrep.comm.grow)
+if os.environ.get(GROW_CHILD_ENV):
+    # Before MPI starts in a rank spawned to grow a job: Open MPI 5.0.11's heartbeat detector
+    # watches each job's own COMM_WORLD only (not the merged world), and in a spawned job it
+    # kept MPI_Finalize from returning (ompi_comm_failure_detector_finalize spun for good).
+    os.environ["OMPI_MCA_mpi_ft_detector"] = "false"
 
 
 def _mpi() -> Any:
@@ -61,17 +69,76 @@ def init(comm: Any = None) -> None:
             color = 0 if world.Get_rank() in ranks else 1
             key = ranks.index(world.Get_rank()) if color == 0 else world.Get_rank()
             parent = world.Split(color, key)
-        private = parent.Dup()
+        if comm is None and spawned_to_grow():
+            private = _join_parent(MPI)  # the running ranks' job.replace() is the other half
+        else:
+            private = parent.Dup()
+            try:
+                check_settings(private)
+            except ConfigError:
+                private.Free()  # every rank raises here, so every rank frees it
+                raise
         private.Set_name("hpcrep")
-        try:
-            check_settings(private)
-        except ConfigError:
-            private.Free()  # every rank raises here, so every rank frees it
-            raise
         _world = Communicator(private, range(private.Get_size()), "the job")
         watchdog.attach(private)
         for callback in list(_at_init):
             callback()
+
+
+def spawned_to_grow() -> bool:
+    """Return True if this process was spawned by a running job to grow it
+    (:mod:`hpcrep.comm.grow`): its :func:`init` joins that job instead of starting one. Local."""
+    return bool(os.environ.get(GROW_CHILD_ENV))
+
+
+def _join_parent(MPI: Any) -> Any:
+    """Merge with the job that spawned this process (after its ranks, in spawn order) and
+    return the merged communicator; remember the link for :func:`disconnect_links`.
+
+    Collective with the spawning ranks' :func:`hpcrep.comm.grow.grow`, which makes the same
+    merged communicator the job's world with :func:`replace` (the same collectives as this
+    process's :class:`Communicator` and watchdog set-up)."""
+    link = MPI.Comm.Get_parent()
+    if link == MPI.COMM_NULL:
+        raise NotInitializedError(
+            f"{GROW_CHILD_ENV} is set but this process was not spawned by an MPI job; unset it "
+            "(hpcrep sets it only on the ranks it spawns to grow a job).")
+    link.Set_errhandler(MPI.ERRORS_RETURN)
+    merged = link.Merge(high=True)
+    merged.Set_errhandler(MPI.ERRORS_RETURN)
+    add_link(link)
+    return merged
+
+
+def add_link(link: Any) -> None:
+    """Remember ``link``, an intercommunicator between this job's ranks and ranks spawned to grow
+    it, to be disconnected at exit (:func:`disconnect_links`). Local."""
+    with _lock:
+        _links.append(link)
+
+
+def has_links() -> bool:
+    """Return True if this job has links to ranks spawned to grow it (this rank spawned some,
+    or was spawned). Local."""
+    return bool(_links)
+
+
+def drop_links() -> None:
+    """Forget the links to spawned ranks without disconnecting them (after a failed rank: a
+    disconnect waits for every member). Local."""
+    with _lock:
+        _links.clear()
+
+
+def disconnect_links() -> None:
+    """Disconnect every link to spawned ranks, oldest first: Open MPI's ``MPI_Finalize`` of
+    spawned ranks waits for the job that spawned them unless they are disconnected.
+
+    Collective: every rank of the job must call it, at exit (:mod:`hpcrep.comm.recovery`)."""
+    with _lock:
+        links, _links[:] = list(_links), []
+    for link in links:
+        link.Disconnect()
 
 
 def check_settings(comm: Any) -> None:

@@ -84,9 +84,11 @@ in transparent mode (python -m hpcrep). --transparent / --no-transparent overrid
 horovodrun -> hpcrep run: -np/--num-proc, -H/--hosts, --hostfile, --verbose, --mpi-args: the
 same. --timeline-filename FILE (or --timeline; --timeline-steps A:B) sets HPCREP_TIMELINE
 (HPCREP_TIMELINE_STEPS) on every rank. --autotune (--autotune-log-file FILE) sets
-HPCREP_AUTOTUNE (HPCREP_AUTOTUNE_LOG). --elastic (--reset-limit, --min-np): after a failure the
-job is relaunched from its last hvd.elastic commit on the hosts still reachable (no ULFM: the
-ranks restart); --max-np (growing back) is refused with a message until it exists.
+HPCREP_AUTOTUNE (HPCREP_AUTOTUNE_LOG). --elastic (--reset-limit, --min-np, --max-np): with
+an MPI that has ULFM (Open MPI 5) the survivors of a failed rank go on in the same job, stop
+below --min-np, and grow back up to --max-np ranks at a commit when slots are free again;
+otherwise the job is relaunched from its last hvd.elastic commit on the hosts still reachable
+(--max-np is refused there).
 
 inside a Slurm allocation srun starts the ranks where the allocation is, so -H and --hostfile
 are an error there (a warning would run ranks elsewhere than you asked): leave them out, or use
@@ -233,6 +235,14 @@ def _check_elastic(options: argparse.Namespace) -> None:
     if min_np is not None and (min_np < 1 or (options.np is not None and min_np > options.np)):
         raise LaunchOptionError(f"--min-np {min_np}: give a number from 1 to -np "
                                 f"({options.np})")
+    max_np = getattr(options, "max_np", None)
+    if max_np is not None and not elastic:
+        raise LaunchOptionError("--max-np applies to --elastic (the size a job that lost ranks "
+                                "grows back to); add --elastic or leave --max-np out")
+    if max_np is not None and (max_np < 1 or (options.np is not None and max_np < options.np)
+                               or (min_np is not None and max_np < min_np)):
+        raise LaunchOptionError(f"--max-np {max_np}: give at least -np ({options.np}) and "
+                                "--min-np")
     if elastic and getattr(options, "reset_limit", 0) < 0:
         raise LaunchOptionError(f"--reset-limit {options.reset_limit}: give 0 or more "
                                 "relaunches")
@@ -260,7 +270,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="with --elastic: relaunch only if at least this many ranks fit "
                              "on the hosts still reachable (default 1)")
     parser.add_argument("--max-np", type=int, default=None,
-                        help="elastic growing back: not available yet")
+                        help="with --elastic on an MPI with ULFM: after ranks were lost, grow "
+                             "back up to this many at a commit, into free slots of the hosts "
+                             "the job still runs on (HPCREP_ELASTIC_MAX_NP)")
     parser.add_argument("--timeline-filename", "--timeline", dest="timeline_filename",
                         default=None, metavar="FILE",
                         help="record a merged timeline of every rank's collectives and steps; "
@@ -334,6 +346,11 @@ def _run_elastic(args: argparse.Namespace, env: dict) -> int:
     family = flavor(mpirun)[0]
     extra = shlex.split(args.mpi_args or "")
     in_process = has_ulfm(mpirun)
+    if args.max_np is not None and not in_process:
+        raise LaunchOptionError(
+            f"--max-np: growing a job back needs an MPI with ULFM (Open MPI 5: make ulfm, then "
+            f".venv-ulfm/bin/python -m hpcrep.cli run ...); {mpirun} has none, so a failed job "
+            "is relaunched on the hosts still reachable instead. Leave --max-np out.")
     if in_process:
         print(f"hpcrep run: elastic: {mpirun} has ULFM: a failed rank's survivors go on in the "
               "same job (@hvd.elastic.run); a job that fails as a whole is relaunched from its "
@@ -349,8 +366,11 @@ def _run_elastic(args: argparse.Namespace, env: dict) -> int:
             "hosts": ",".join(f"{h.name}:{h.slots}" for h in where) or None})
         built = build_launch(placed, mpirun=mpirun, settings=[
             ("HPCREP_ELASTIC_DIR", attempt_env["HPCREP_ELASTIC_DIR"]),
-            # transparent mode's fit goes on in the job (python -m hpcrep --elastic)
-            *([("HPCREP_TRANSPARENT_ELASTIC", "1")] if in_process else [])])
+            # transparent mode's fit goes on in the job (python -m hpcrep --elastic); the
+            # survivors stop below --min-np (--max-np passes as HPCREP_ELASTIC_MAX_NP)
+            *([("HPCREP_TRANSPARENT_ELASTIC", "1")] if in_process else []),
+            *([("HPCREP_ELASTIC_MIN_NP", str(args.min_np))]
+              if in_process and args.min_np else [])])
         if args.verbose:
             print(f"hpcrep run: {shlex.join(built.argv)}", file=sys.stderr, flush=True)
         return supervise(built.argv, env=attempt_env)

@@ -79,7 +79,7 @@ def test_the_ranks_left_go_on_in_the_same_mpirun(cluster, ulfm_mpirun, tmp_path,
     for old, res in zip(kept, results):
         assert (res["rank"], res["size"]) == (old, len(kept)), res
         assert res["accuracy"] > 0.6, res["accuracy"]
-    weights = [np.load(tmp_path / f"weights{r}.npz") for r in kept]
+    weights = [np.load(tmp_path / f"weights-rank{r}.npz") for r in kept]
     for other in weights[1:]:
         for key in weights[0].files:
             np.testing.assert_array_equal(weights[0][key], other[key])

@@ -30,13 +30,13 @@ DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread
             "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "3"]
 
 
-def run_job(venv: Path, out: Path, *extra: str, timeout: float = 240):
+def run_job(venv: Path, out: Path, *extra: str, timeout: float = 240, env: dict = None):
     job = [str(venv / "bin" / "python"), str(HERE / "ulfm_elastic_job.py"), "--out", str(out),
            "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
            "--commit-every", "4", "--seed", str(SEED), *extra]
     argv = mpirun_command(RANKS, job, mpirun=str(venv / "bin" / "mpirun"),
                           extra=["--with-ft", "ulfm", *DETECTOR])
-    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1",
+    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
@@ -83,7 +83,7 @@ def test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job(ulfm_venv, scr
     resumes = {tuple(tuple(at[:2]) for at in r["resumes"]) for r in results}
     assert resumes == {((0, 0), (0, KILL_AT * RANKS * BATCH))}, resumes
     # equal weights on every survivor
-    weights = [np.load(scratch / f"weights{r}.npz") for r in survivors]
+    weights = [np.load(scratch / f"weights-rank{r}.npz") for r in survivors]
     for other in weights[1:]:
         for key in weights[0].files:
             np.testing.assert_array_equal(weights[0][key], other[key])
@@ -110,14 +110,16 @@ def test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job(ulfm_venv, scr
 
 
 @pytest.mark.timeout(300)
-def test_hpcrep_run_elastic_on_open_mpi_5_goes_on_in_the_same_job(ulfm_venv, scratch):
-    """``hpcrep run --elastic`` with Open MPI 5's mpirun (found beside .venv-ulfm's Python)
-    starts the job with fault tolerance on and the detector: the survivors go on in it, no
-    relaunch."""
+def test_hpcrep_run_elastic_on_open_mpi_5_goes_on_and_grows_back_to_max_np(ulfm_venv, scratch):
+    """``hpcrep run --elastic --max-np 4`` with Open MPI 5's mpirun (found beside .venv-ulfm's
+    Python) starts the job with fault tolerance on and the detector: the survivors of a killed
+    rank go on in it (no relaunch), and at their next commit the job spawns a rank into the
+    freed slot and goes on with 4 ranks, which end with equal weights, every row trained once."""
     argv = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep.cli", "run", "-np", str(RANKS),
-            "--elastic", str(HERE / "ulfm_elastic_job.py"), "--out", str(scratch), "--rows",
-            str(ROWS), "--epochs", "1", "--batch", str(BATCH), "--commit-every", "4",
-            "--victim", str(VICTIM), "--kill-at", str(KILL_AT)]
+            "--elastic", "--max-np", str(RANKS), str(HERE / "ulfm_elastic_job.py"), "--out",
+            str(scratch), "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
+            "--commit-every", "4", "--seed", str(SEED), "--victim", str(VICTIM), "--kill-at",
+            str(KILL_AT)]
     env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "HPCREP_ULFM_DETECT_TIMEOUT": "3",
                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
@@ -126,10 +128,54 @@ def test_hpcrep_run_elastic_on_open_mpi_5_goes_on_in_the_same_job(ulfm_venv, scr
     assert "has ULFM: a failed rank's survivors go on in the same job" in done.stderr, output
     assert f"hpcrep: rank(s) {VICTIM} of {RANKS} failed; {RANKS - 1} survivors go on" \
         in done.stderr, output
+    assert f"hpcrep: the job grew from {RANKS - 1} to {RANKS} ranks" in done.stderr, output
     assert "relaunching" not in done.stderr, output
     survivors = [r for r in range(RANKS) if r != VICTIM]
-    assert sorted(p.name for p in scratch.glob("rank*.json")) == \
-        [f"rank{r}.json" for r in survivors], output
+    names = [f"rank{r}" for r in survivors] + [f"grown{RANKS - 1}"]
+    assert sorted(p.stem for p in scratch.glob("*.json") if p.stem != "victim_fed") == \
+        sorted(names), output
+    results = [json.loads((scratch / f"{n}.json").read_text()) for n in names]
+    # 4 ranks again, the spawned one last; every rank took part in the one growth
+    assert sorted(r["rank"] for r in results) == list(range(RANKS)), results
+    assert {r["size"] for r in results} == {RANKS}, results
+    assert results[-1]["spawned"] and results[-1]["rank"] == RANKS - 1, results[-1]
+    for res in results[:-1]:
+        assert [(g["old_size"], g["new_size"]) for g in res["growths"]] == \
+            [(RANKS - 1, RANKS)], res["growths"]
+    weights = [np.load(scratch / f"weights-{n}.npz") for n in names]
+    for other in weights[1:]:
+        for key in weights[0].files:
+            np.testing.assert_array_equal(weights[0][key], other[key])
+    # every row of every epoch trained on once in what the model kept, by 3 or 4 ranks
+    victim_fed = json.loads((scratch / "victim_fed.json").read_text())
+    kept = rows_kept(results, victim_fed, (0, KILL_AT * RANKS * BATCH))
+    assert sorted(kept) == list(range(EPOCHS)), sorted(kept)
+    for epoch, rows in kept.items():
+        assert len(rows) == len(set(rows)), f"epoch {epoch}: a row trained on twice"
+        order = np.random.default_rng([SEED, epoch]).permutation(ROWS)
+        assert set(rows) == set(order[:len(rows)].tolist()), f"epoch {epoch}: a row skipped"
+        assert ROWS - len(rows) < RANKS * BATCH, (epoch, len(rows))
+    # the last epoch ran on 4 ranks: every rank fed rows in it
+    assert all(any(f[0] == EPOCHS - 1 for f in r["fed"]) for r in results), "a rank idle"
+    grew = results[0]["growths"][0]
+    print(f"\nULFM elastic: grew back from {RANKS - 1} to {RANKS} ranks at a commit: spawn + "
+          f"merge {grew['spawn_seconds']:.2f} s, new world {grew['rebuild_seconds'] * 1e3:.0f} ms")
+
+
+@pytest.mark.timeout(300)
+def test_survivors_below_min_np_stop_with_a_message_and_leave_the_commit(ulfm_venv, scratch):
+    """``HPCREP_ELASTIC_MIN_NP=4`` (``hpcrep run --elastic --min-np 4``): when rank 2 is killed
+    the 3 survivors do not go on; they say why and exit 76, and the last commit is on disk."""
+    commits = scratch / "commits"
+    done = run_job(ulfm_venv, scratch, "--victim", str(VICTIM), "--kill-at", str(KILL_AT),
+                   env={"HPCREP_ELASTIC_MIN_NP": str(RANKS), "HPCREP_ELASTIC_DIR": str(commits)})
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode != 0, output
+    assert f"hpcrep: only {RANKS - 1} of {RANKS} ranks survived (ranks {VICTIM} lost), fewer " \
+        f"than HPCREP_ELASTIC_MIN_NP={RANKS}: the job stops; the last commit is in {commits}" \
+        in done.stderr, output
+    assert not list(scratch.glob("rank*.json")), "a survivor went on"
+    assert [p.name for p in commits.iterdir()] == ["elastic-state-0.pkl"], output
 
 
 def first_step_after_resume(stderr: str, death: float) -> float:

@@ -8,7 +8,9 @@ rows, rank r taking the r-th slice; the state holds how many rows of the epoch a
 after a shrink the survivors go on from the last commit with the rows not yet trained on (none
 twice, none skipped, in what the model kept). Each survivor writes ``OUT/rank<R>.json`` (its
 rank before and after, step end times, recoveries, test accuracy, rows trained per epoch) and
-``OUT/weights<R>.npz``; the victim writes ``OUT/death`` (the time it killed itself).
+``OUT/weights-rank<R>.npz``; a rank spawned to grow the job back (``HPCREP_ELASTIC_MAX_NP``)
+writes ``OUT/grown<R>.json`` and ``OUT/weights-grown<R>.npz`` (R: its rank when it joined); the
+victim writes ``OUT/death`` (the time it killed itself).
 """
 
 import argparse
@@ -23,7 +25,7 @@ import tensorflow as tf
 
 import hpcrep.tensorflow.keras as hvd
 import hpcrep.comm
-from hpcrep.comm import recovery
+from hpcrep.comm import grow, recovery, world
 from hpcrep.data.mnist import fashion_mnist_split
 
 parser = argparse.ArgumentParser()
@@ -43,6 +45,8 @@ args = parser.parse_args()
 
 hvd.init()
 first_rank, first_size = hvd.rank(), hvd.size()
+spawned = world.spawned_to_grow()  # started by the job to grow back (HPCREP_ELASTIC_MAX_NP)
+name = f"grown{first_rank}" if spawned else f"rank{first_rank}"
 keras.utils.set_random_seed(args.seed * 100 + hvd.rank())  # differs until the first sync
 x_train, y_train = fashion_mnist_split("train", args.rows)
 x_test, y_test = fashion_mnist_split("test", args.test_rows)
@@ -72,7 +76,7 @@ class Progress(keras.callbacks.Callback):
         self.epoch, self.rows, self.steps = epoch, rows, 0
 
     def on_train_batch_begin(self, batch, logs=None):
-        if (self.epoch == 0 and first_rank == args.victim and state.rows_done
+        if (self.epoch == 0 and first_rank == args.victim and not spawned and state.rows_done
                 >= args.kill_at * first_size * args.batch):
             with open(os.path.join(args.out, "victim_fed.json"), "w") as f:
                 json.dump(fed, f)
@@ -99,7 +103,8 @@ def average_first_rank():
     return hvd.allreduce(tf.constant(float(first_rank)), op=hvd.Average)
 
 
-average_first_rank()
+if not spawned:  # a spawned rank's first collective must be the state's sync
+    average_first_rank()
 
 
 @hvd.elastic.run
@@ -126,12 +131,16 @@ accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
 result = {
     "average_first_rank": float(average_first_rank()),
     "first_rank": first_rank, "first_size": first_size, "rank": hvd.rank(), "size": hvd.size(),
+    "spawned": spawned,
+    "growths": [{"old_size": g.old_size, "new_size": g.new_size, "places": g.plan.places,
+                 "spawn_seconds": g.spawn_seconds, "rebuild_seconds": g.rebuild_seconds}
+                for g in grow.history()],
     "step_ends": step_ends, "accuracy": accuracy, "library": hpcrep.comm.mpi_library_version(),
     "fed": fed, "resumes": resumes, "rows": len(x_train), "batch": args.batch,
     "recoveries": [{"lost": list(r.lost), "old_size": r.old_size, "new_size": r.new_size,
                     "noticed": r.noticed, "shrink_seconds": r.shrink_seconds,
                     "rebuild_seconds": r.rebuild_seconds} for r in recovery.history()],
 }
-with open(os.path.join(args.out, f"rank{first_rank}.json"), "w") as f:
+with open(os.path.join(args.out, f"{name}.json"), "w") as f:
     json.dump(result, f)
-np.savez(os.path.join(args.out, f"weights{first_rank}.npz"), *model.get_weights())
+np.savez(os.path.join(args.out, f"weights-{name}.npz"), *model.get_weights())

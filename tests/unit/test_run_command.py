@@ -166,16 +166,25 @@ def test_feature_settings_reach_every_rank_once_they_exist(tmp_path, scripts, mo
     plain, _ = scripts
     for f in run_command.FEATURE_OPTIONS:
         monkeypatch.setitem(config.SETTINGS, f.setting, config.Setting(f.setting, str, "", "x"))
-    argv = ["-np", "2", "--max-np", "4", "--timeline-filename", "t.json", "--autotune", plain]
+    argv = ["-np", "2", "--timeline-filename", "t.json", "--autotune", plain]
     got = launch(tmp_path, argv)
     first = got.argv.index("-x")
-    assert got.argv[first:first + 7] == [
-        "-x", "HPCREP_ELASTIC_MAX_NP=4", "-x", "HPCREP_TIMELINE=t.json", "-x", "HPCREP_AUTOTUNE=1",
-        sys.executable]
+    assert got.argv[first:first + 5] == [
+        "-x", "HPCREP_TIMELINE=t.json", "-x", "HPCREP_AUTOTUNE=1", sys.executable]
     assert "-genv" in launch(tmp_path, argv, text=MPICH_4).argv
     inside = launch(tmp_path, argv, environ={"SLURM_JOB_ID": "7"})  # srun passes the env on
-    assert inside.env == {"HPCREP_ELASTIC_MAX_NP": "4", "HPCREP_TIMELINE": "t.json",
-                          "HPCREP_AUTOTUNE": "1"}
+    assert inside.env == {"HPCREP_TIMELINE": "t.json", "HPCREP_AUTOTUNE": "1"}
+
+
+def test_max_np_is_an_elastic_option_of_at_least_np(tmp_path, scripts):
+    plain, _ = scripts
+    with pytest.raises(LaunchOptionError, match="--max-np applies to --elastic"):
+        launch(tmp_path, ["-np", "2", "--max-np", "4", plain])
+    for bad in (["--max-np", "1"], ["--min-np", "2", "--max-np", "1"]):
+        with pytest.raises(LaunchOptionError, match="give at least -np"):
+            launch(tmp_path, ["-np", "2", "--elastic", *bad, plain])
+    got = launch(tmp_path, ["-np", "2", "--elastic", "--max-np", "4", plain])
+    assert "HPCREP_ELASTIC_MAX_NP=4" in got.argv
 
 
 def test_slurm_allocation_uses_srun_and_refuses_hosts(tmp_path, scripts):

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from hpcrep import comm, config
-from hpcrep.comm import recovery
+from hpcrep.comm import grow, recovery
+from hpcrep.errors import HostsUpdatedInterrupt
 from hpcrep.tensorflow.variables import broadcast_object, broadcast_variables
 
 _state_ids = itertools.count()  # states are numbered in creation order, the same in every run
@@ -31,7 +32,8 @@ class State:
         self._resume_checked = False
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
-        """Register functions to call when the job's membership changes (never, in hpcrep)."""
+        """Register functions to call when the job's membership changes (after a shrink or a
+        growth under ``@hvd.elastic.run``)."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
@@ -83,7 +85,16 @@ class State:
         raise NotImplementedError
 
     def check_host_updates(self) -> None:
-        """Horovod compatibility: there are no host updates without a driver. Local."""
+        """Raise :class:`~hpcrep.errors.HostsUpdatedInterrupt` on every rank if the job can grow
+        back now (ULFM, ``HPCREP_ELASTIC_MAX_NP``: :func:`hpcrep.comm.grow.planned`);
+        ``@hvd.elastic.run`` then adds the ranks. :meth:`commit` calls it.
+
+        Collective while the job is below ``HPCREP_ELASTIC_MAX_NP`` (a broadcast); local and
+        free otherwise.
+        """
+        plan = grow.planned()
+        if plan is not None:
+            raise HostsUpdatedInterrupt(plan)
 
     def save(self) -> None:
         """Snapshot the state in memory. Local."""
@@ -202,6 +213,13 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     (``hpcrep run --elastic`` relaunches it from the last commit written to
     ``HPCREP_ELASTIC_DIR``).
 
+    With ``HPCREP_ELASTIC_MAX_NP`` (``hpcrep run --max-np``) a job that lost ranks grows back
+    at a commit where slots are free again (:mod:`hpcrep.comm.grow`): ``commit`` raises
+    :class:`~hpcrep.errors.HostsUpdatedInterrupt` on every rank, the new ranks are spawned (the
+    same program, which must reach the decorated function without any other collective after
+    ``hvd.init()``), the reset callbacks run and ``func`` is called again after a sync that gives
+    the new ranks rank 0's state.
+
     Collective: every rank must call the decorated function.
     """
 
@@ -213,6 +231,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 result = func(state, *args, **kwargs)
                 recovery.confirm()
                 return result
+            except HostsUpdatedInterrupt as interrupt:
+                grow.grow(interrupt.plan)  # the state is the commit that raised it
+                state.on_reset()
+                continue
             except Exception:
                 if not recovery.failed():
                     raise
