@@ -53,7 +53,6 @@ class Recovery:
     rebuild_seconds: float
 
 
-NO_QUORUM_EXIT = 75  # a rank on the smaller side of a partition ends with this status
 _lock = threading.Lock()
 _failure: Optional[str] = None   # what the first failure seen since the last recovery said
 _noticed: float = 0.0
@@ -123,8 +122,8 @@ def recover(step: int = 0) -> Recovery:
         step: the last step this rank completed; the result's ``step`` is the smallest of them.
 
     A side without a quorum (:func:`has_quorum`: at most half of the ranks, and not half with
-    rank 0) does not go on: its ranks say why on stderr and exit with status
-    :data:`NO_QUORUM_EXIT`, so that a partitioned job never trains as two.
+    rank 0) does not go on: its ranks say why on stderr and end themselves with SIGKILL, so
+    that a partitioned job never trains as two.
 
     Raises:
         FaultToleranceUnavailableError: this MPI has no ULFM (says how to get it).
@@ -168,8 +167,13 @@ def has_quorum(survivors: tuple[int, ...], old_size: int) -> bool:
 
 
 def _stop_unless_quorum(shrunk: ulfm.Shrunk, old_size: int, hosts: tuple[str, ...]) -> None:
-    """End this process (exit status :data:`NO_QUORUM_EXIT`) if its side of the shrink has no
-    quorum (:func:`has_quorum`), saying so on stderr."""
+    """End this process with SIGKILL if its side of the shrink has no quorum
+    (:func:`has_quorum`), saying so on stderr.
+
+    SIGKILL, not an exit status: a killed rank is a failure a ``--with-ft ulfm`` job outlives,
+    whereas a non-zero exit makes ``prterun`` end the whole job once it hears of it. On the
+    fixture this side exited 75 while node2 was cut; when the link came back 20 s later, prterun
+    learned of those exits and ended the other side's job, which was going on without them."""
     if has_quorum(shrunk.survivors, old_size):
         return
     where = sorted({hosts[r] for r in shrunk.lost}) if hosts else []
@@ -180,7 +184,35 @@ def _stop_unless_quorum(shrunk: ulfm.Shrunk, old_size: int, hosts: tuple[str, ..
           "not a majority: a network partition or the loss of half the job. The other side goes "
           "on if it holds the majority (or half with rank 0); restart from the last commit "
           "otherwise.", file=sys.stderr, flush=True)
-    os._exit(NO_QUORUM_EXIT)
+    _drop_unsent_tcp()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _drop_unsent_tcp() -> None:
+    """Make this process's TCP connections end with a reset, their unsent data dropped, when it
+    ends: after a cut, what this side's MPI queued for the other side (among it, reports that the
+    other side's ranks failed) would otherwise be sent by the kernel once the link comes back,
+    and a rank told it has failed aborts. Local; sockets only (other descriptors are skipped)."""
+    import socket  # noqa: PLC0415 - only on the way out of a partitioned rank
+    import struct  # noqa: PLC0415
+
+    try:
+        descriptors = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in descriptors:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET,
+                                                                  socket.AF_INET6):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        finally:
+            sock.detach()  # the descriptor stays open: the exit closes it
 
 
 TOO_FEW_EXIT = 76  # the survivors of a failure are fewer than HPCREP_ELASTIC_MIN_NP

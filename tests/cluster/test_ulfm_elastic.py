@@ -2,7 +2,8 @@
 ``mpirun --with-ft ulfm`` with the threaded heartbeat detector; issue 22): 2 nodes x 2 ranks
 train a Keras model on Fashion-MNIST under ``@hvd.elastic.run`` (tests/launch/ulfm_elastic_job.py)
 and lose rank 3 on node2 to SIGKILL or SIGSTOP, or all of node2 to a cut link. The ranks left
-go on in the same mpirun from the last commit, finish with equal weights, and mpirun exits 0;
+go on in the same mpirun from the last commit (with ``HPCREP_ELASTIC_MAX_NP=4`` the job grows
+back onto node2 at the next commit), finish with equal weights, and mpirun exits 0;
 after a cut, node2's side stops (no quorum) and the launcher supervisor ends the mpirun that
 waits for node2's daemon. And ``python -m hpcrep --elastic`` (transparent mode) keeps an
 unchanged ``fit`` going on the ranks left after rank 3 is SIGKILLed
@@ -36,8 +37,10 @@ def ulfm_mpirun(cluster, skip_missing) -> str:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("fault", ["kill", "stop", "cut"])
+@pytest.mark.parametrize("fault", ["kill", "stop", "cut", "grow"])
 def test_the_ranks_left_go_on_in_the_same_mpirun(cluster, ulfm_mpirun, tmp_path, fault):
+    """grow: rank 3 SIGKILLed with HPCREP_ELASTIC_MAX_NP=4: the job spawns a rank into its free
+    slot on node2 at the next commit and finishes on 4 ranks."""
     node2 = cluster.nodes[1]
     victim = ["--victim", "3", "--kill-at", "12"] + (["--stop"] if fault == "stop" else [])
     command = [str(cluster.root / ".venv-ulfm" / "bin" / "python"), JOB, "--out", str(tmp_path),
@@ -45,6 +48,7 @@ def test_the_ranks_left_go_on_in_the_same_mpirun(cluster, ulfm_mpirun, tmp_path,
                *(victim if fault != "cut" else [])]
     proc = cluster.popen(["-n", "4", "--map-by", "ppr:2:node", "--with-ft", "ulfm", *DETECTOR],
                          command, MPIRUN=ulfm_mpirun, HPCREP_STALL_TIMEOUT=str(STALL_TIMEOUT),
+                         HPCREP_ELASTIC_MAX_NP="4" if fault == "grow" else "0",
                          PYTHONPATH=os.pathsep.join([str(cluster.root),
                                                      os.environ.get("PYTHONPATH", "")]))
     lines: list[str] = []
@@ -68,6 +72,7 @@ def test_the_ranks_left_go_on_in_the_same_mpirun(cluster, ulfm_mpirun, tmp_path,
     out = "".join(lines)
     assert proc.returncode == 0, out[-4000:]
     if fault != "cut":
+        assert (tmp_path / "death").exists(), out[-4000:]  # the victim killed itself
         event = float((tmp_path / "death").read_text())
     assert event is not None, out[-4000:]
     kept = [0, 1, 2] if fault != "cut" else [0, 1]
@@ -75,18 +80,27 @@ def test_the_ranks_left_go_on_in_the_same_mpirun(cluster, ulfm_mpirun, tmp_path,
     assert f"hpcrep: rank(s) {lost} of 4 failed; {len(kept)} survivors go on" in out, out[-4000:]
     assert sorted(p.name for p in tmp_path.glob("rank*.json")) == \
         [f"rank{r}.json" for r in kept], out[-4000:]
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in kept]
-    for old, res in zip(kept, results):
-        assert (res["rank"], res["size"]) == (old, len(kept)), res
+    names = [f"rank{r}" for r in kept] + (["grown3"] if fault == "grow" else [])
+    results = [json.loads((tmp_path / f"{n}.json").read_text()) for n in names]
+    size = 4 if fault == "grow" else len(kept)
+    for old, res in zip(kept + [3], results):
+        assert (res["rank"], res["size"]) == (old, size), res
         assert res["accuracy"] > 0.6, res["accuracy"]
-    weights = [np.load(tmp_path / f"weights-rank{r}.npz") for r in kept]
+    if fault == "grow":
+        assert "hpcrep: the job grew from 3 to 4 ranks (1 on node2;" in out, out[-4000:]
+        assert results[-1]["host"] == node2 and results[-1]["spawned"], results[-1]
+        grew = results[0]["growths"][0]
+        print(f"\nULFM on the fixture: grew back onto {node2} at the next commit, spawn + "
+              f"merge {grew['spawn_seconds']:.2f} s")
+    weights = [np.load(tmp_path / f"weights-{n}.npz") for n in names]
     for other in weights[1:]:
         for key in weights[0].files:
             np.testing.assert_array_equal(weights[0][key], other[key])
+    results = results[:len(kept)]  # the ranks that saw the failure
     first = max(min(t for t in r["step_ends"] if t > r["resumes"][1][2]) for r in results)
     noticed = max(r["recoveries"][0]["noticed"] for r in results) - event
     shrink = max(r["recoveries"][0]["shrink_seconds"] for r in results)
-    bound = {"kill": 5, "stop": DETECTOR_TIMEOUT + 5, "cut": STALL_TIMEOUT + 5}[fault]
+    bound = {"kill": 5, "grow": 5, "stop": DETECTOR_TIMEOUT + 5, "cut": STALL_TIMEOUT + 5}[fault]
     print(f"\nULFM on the fixture, {fault} ({node2}): the ranks left went on "
           f"{first - event:.2f} s after (noticed {noticed:.2f} s, revoke + shrink {shrink:.2f} "
           f"s; bound {bound} s); mpirun exited {ended - event:.1f} s after")

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import time
 
 import keras
@@ -131,7 +132,7 @@ accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
 result = {
     "average_first_rank": float(average_first_rank()),
     "first_rank": first_rank, "first_size": first_size, "rank": hvd.rank(), "size": hvd.size(),
-    "spawned": spawned,
+    "spawned": spawned, "host": socket.gethostname(),
     "growths": [{"old_size": g.old_size, "new_size": g.new_size, "places": g.plan.places,
                  "spawn_seconds": g.spawn_seconds, "rebuild_seconds": g.rebuild_seconds}
                 for g in grow.history()],

@@ -8,8 +8,11 @@ Where the MPI has ULFM and the job runs with fault tolerance on (Open MPI 5's
 ``mpirun --with-ft ulfm``; :mod:`hpcrep.comm.recovery`), ``@hvd.elastic.run`` goes on after a
 rank fails, in the same processes: the survivors restore their last commit, the job shrinks to
 them (``rank()``/``size()`` change; traced functions follow), the reset callbacks run, the state
-is synced from the new rank 0 and the function runs again. Ranks are never added back
-(``HostsUpdatedInterrupt`` never happens).
+is synced from the new rank 0 and the function runs again. With ``HPCREP_ELASTIC_MAX_NP``
+(``hpcrep run --elastic --max-np``) the job grows back at a commit when the lost ranks' slots
+are free again: ``commit()`` raises :class:`~hpcrep.errors.HostsUpdatedInterrupt`, new ranks
+running the same program are spawned (:mod:`hpcrep.comm.grow`) and the function runs again
+after a sync that gives them the state.
 
 Without ULFM a rank that fails ends the whole job (no hang) and ``run`` does not retry
 in-process. What replaces the retry is restart-from-commit: with ``HPCREP_ELASTIC_DIR`` set,
