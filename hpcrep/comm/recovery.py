@@ -260,13 +260,21 @@ def arm() -> None:
     """In a job started with fault tolerance on, end MPI at exit the way :func:`_at_exit` does:
     Open MPI 5's ``MPI_Finalize`` there can wait for good, with or without a failure (4 ranks on
     2 nodes with the threaded detector and no failure sat in it after writing their results).
-    Registered after mpi4py's own exit hook, so it runs first. Local; once.
-    :func:`hpcrep.comm.init` calls it (registered with :func:`hpcrep.comm.world.at_init`)."""
+    Registered after mpi4py's own exit hook, so it runs first. Where ULFM's heartbeat detector
+    runs without its own thread, also starts the thread that keeps MPI progressing for it
+    (:func:`hpcrep.comm.ulfm.start_progress`). Local; once. :func:`hpcrep.comm.init` calls it
+    (registered with :func:`hpcrep.comm.world.at_init`)."""
     global _finalize_hooked
     with _lock:
         if not _finalize_hooked and ulfm.ft_enabled() and world.is_initialized():
             atexit.register(_at_exit)
             _finalize_hooked = True
+            if ulfm.detector_needs_progress() and not ulfm.start_progress():
+                print("hpcrep: warning: ULFM's heartbeat detector runs without its own thread "
+                      "and MPI was not started with MPI_THREAD_MULTIPLE, so nothing makes MPI "
+                      "progress while this rank computes: a busy rank can be declared dead. "
+                      "Start MPI with thread level multiple (mpi4py's default).",
+                      file=sys.stderr, flush=True)
 
 
 def _at_exit() -> None:
@@ -285,7 +293,10 @@ def _at_exit() -> None:
             _disconnect_links()
     except Exception:  # noqa: BLE001 - a rank lost at exit: finalize all the same
         pass
-    ulfm.finalize()
+    ulfm.stop_progress()
+    # a program ended by an exception (the interpreter has set sys.last_value) keeps a
+    # non-zero status if MPI_Finalize has to be cut short
+    ulfm.finalize(status=1 if getattr(sys, "last_value", None) is not None else 0)
 
 
 def _disconnect_links(timeout: float = 10.0) -> None:

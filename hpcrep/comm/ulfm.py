@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 import time
 from typing import Any, Optional
 
@@ -189,9 +190,9 @@ def _revoke(comm: Any) -> None:
             raise
 
 
-def finalize(timeout: float = 10.0) -> None:
+def finalize(timeout: float = 10.0, status: int = 0) -> None:
     """End MPI in a job that may have lost ranks; if ``MPI_Finalize`` has not returned after
-    ``timeout`` seconds, end this process with status 0.
+    ``timeout`` seconds, end this process with ``status``.
 
     After a failure Open MPI 5's ``MPI_Finalize`` can wait for good: the three survivors of a
     SIGKILLed rank, their results written, sat in ``ompi_mpi_finalize`` until the test's 180 s
@@ -205,7 +206,6 @@ def finalize(timeout: float = 10.0) -> None:
     """
     import ctypes  # noqa: PLC0415
     import sys  # noqa: PLC0415
-    import threading  # noqa: PLC0415
 
     MPI = _mpi()
     if MPI.Is_finalized():
@@ -216,11 +216,67 @@ def finalize(timeout: float = 10.0) -> None:
     if library is None:  # not a shared libmpi: no way to wait without holding the lock
         MPI.Finalize()
         return
-    timer = threading.Timer(timeout, os._exit, (0,))
+    timer = threading.Timer(timeout, os._exit, (status,))
     timer.daemon = True
     timer.start()
     ctypes.CDLL(library).MPI_Finalize()
     timer.cancel()
+
+
+_progress: Optional[tuple[threading.Thread, threading.Event]] = None
+
+
+def detector_needs_progress() -> bool:
+    """Return True if this job runs ULFM's heartbeat detector without its own thread
+    (``--mca mpi_ft_detector true --mca mpi_ft_detector_thread false``): its heartbeats are then
+    sent, and its deadlines checked, only while this process makes MPI progress, so a rank busy
+    in TensorFlow between collectives would be declared dead (seen on the 2-node fixture at a
+    2 s timeout) unless something else makes progress: :func:`start_progress`. Local."""
+    def on(name: str) -> bool:
+        value = os.environ.get(f"OMPI_MCA_{name}", "").strip().lower()  # Open MPI's variables
+        return value in ("1", "true", "yes", "on", "enabled")
+
+    return ft_enabled() and on("mpi_ft_detector") and not on("mpi_ft_detector_thread")
+
+
+def start_progress(interval: float = 0.1) -> bool:
+    """Start a daemon thread that makes MPI progress every ``interval`` seconds (an ``Iprobe``
+    on a private duplicate of ``COMM_SELF``), so that ULFM's detector runs while this rank
+    computes: the detector's own thread (``mpi_ft_detector_thread``) made Open MPI 5.0.11 crash
+    at start-up (a segfault in 2 of 20 four-rank jobs, 0 of 20 without it) and kept
+    ``MPI_Finalize`` from returning. Needs ``MPI_THREAD_MULTIPLE``; returns False (and starts
+    nothing) without it, True once running. Local; once."""
+    global _progress
+    MPI = _mpi()
+    if _progress is not None:
+        return True
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        return False
+    comm = MPI.COMM_SELF.Dup()
+    stop = threading.Event()
+
+    def progress() -> None:
+        while not stop.wait(interval):
+            try:
+                comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            except Exception:  # noqa: BLE001 - MPI ending or a failure elsewhere: keep going
+                pass
+
+    thread = threading.Thread(target=progress, name="hpcrep-ulfm-progress", daemon=True)
+    thread.start()
+    _progress = (thread, stop)
+    return True
+
+
+def stop_progress() -> None:
+    """Stop the thread of :func:`start_progress`, if running, and wait for it. Local."""
+    global _progress
+    if _progress is None:
+        return
+    thread, stop = _progress
+    stop.set()
+    thread.join(timeout=5)
+    _progress = None
 
 
 def _loaded_libmpi() -> Optional[str]:

@@ -104,14 +104,16 @@ def has_ulfm(mpirun: str) -> bool:
 
 def ulfm_arguments(detect_timeout: float) -> list[str]:
     """Return Open MPI 5's options for a job whose survivors go on after a failed rank: fault
-    tolerance on, and (``detect_timeout`` > 0) ULFM's heartbeat detector in its own thread,
-    declaring a rank failed after ``detect_timeout`` seconds without a heartbeat (a stopped
-    rank, a cut node). Without its own thread a rank busy in TensorFlow misses its heartbeats
-    and is declared dead while alive (seen on the 2-node fixture)."""
+    tolerance on, and (``detect_timeout`` > 0) ULFM's heartbeat detector, declaring a rank
+    failed after ``detect_timeout`` seconds without a heartbeat (a stopped rank, a cut node).
+    The detector runs without its own thread (Open MPI 5.0.11 segfaulted at start-up in 1 of
+    10 jobs with it): hpcrep's ranks keep MPI progressing for it from a thread of theirs
+    (:func:`hpcrep.comm.ulfm.start_progress`), or a rank busy in TensorFlow would miss its
+    heartbeats and be declared dead while alive (seen on the 2-node fixture)."""
     argv = ["--with-ft", "ulfm"]
     if detect_timeout > 0:
         period = min(1.0, detect_timeout / 3)
-        argv += ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
+        argv += ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "false",
                  "--mca", "mpi_ft_detector_period", f"{period:g}",
                  "--mca", "mpi_ft_detector_timeout", f"{detect_timeout:g}"]
     return argv

@@ -23,7 +23,7 @@ import pytest
 JOB = "tests/launch/ulfm_elastic_job.py"
 DETECTOR_TIMEOUT = 5
 STALL_TIMEOUT = 20
-DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true",
+DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "false",
             "--mca", "mpi_ft_detector_period", "1",
             "--mca", "mpi_ft_detector_timeout", str(DETECTOR_TIMEOUT)]
 

