@@ -104,10 +104,10 @@ def planned() -> Optional[Plan]:
     Raises:
         RankFailedError: a rank failed meanwhile.
     """
-    size = world.size()
-    if max_size() <= size or not recovery.enabled():
+    size, most = world.size(), max_size()
+    if most <= size or not recovery.enabled():
         return None
-    plan = capacity(_slots, watchdog.hosts(), max_size() - size) if world.rank() == 0 else None
+    plan = capacity(_slots, watchdog.hosts(), most - size) if world.rank() == 0 else None
     try:
         return world.comm().bcast(plan, root=0)
     except Exception as exc:

@@ -303,9 +303,10 @@ def _disconnect_links(timeout: float = 10.0) -> None:
     """If ranks were spawned to grow the job, free every communicator that holds both them and
     the ranks that spawned them (:func:`hpcrep.comm.world.shutdown`) and disconnect the links:
     Open MPI's ``MPI_Finalize`` in the spawned ranks otherwise waits (``ompi_dpm_dyn_finalize``)
-    for the spawning ranks to disconnect such communicators, which they do only after the heartbeat
-    detector's finalize, which does not return. A step still waiting after ``timeout`` seconds
-    ends this process with status 0, as :func:`hpcrep.comm.ulfm.finalize` does."""
+    for the spawning ranks to disconnect such communicators, which those do only late in their
+    own ``MPI_Finalize`` (with the detector's own thread, never: its finalize step did not
+    return). A step still waiting after ``timeout`` seconds ends this process with status 0, as
+    :func:`hpcrep.comm.ulfm.finalize` does."""
     if not world.has_links():
         return
     timer = threading.Timer(timeout, os._exit, (0,))

@@ -97,8 +97,14 @@ def _library_has_revoke() -> bool:
 def ft_enabled() -> bool:
     """Return True if Open MPI runs this process with fault tolerance on (``mpi_ft_enable``,
     which ``mpirun --with-ft ulfm`` sets). Local; needs no MPI call."""
-    # an Open MPI variable, not an HPCREP_* setting
-    value = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
+    return _mca_on("mpi_ft_enable")
+
+
+def _mca_on(name: str) -> bool:
+    """Return True if Open MPI's boolean parameter ``name`` is on for this process (mpirun's
+    ``--mca NAME VALUE`` reaches the ranks as ``OMPI_MCA_NAME``: Open MPI's variables, not
+    HPCREP_* settings). Local."""
+    value = os.environ.get(f"OMPI_MCA_{name}", "").strip().lower()
     return value in ("1", "true", "yes", "on", "enabled")
 
 
@@ -232,11 +238,7 @@ def detector_needs_progress() -> bool:
     sent, and its deadlines checked, only while this process makes MPI progress, so a rank busy
     in TensorFlow between collectives would be declared dead (seen on the 2-node fixture at a
     2 s timeout) unless something else makes progress: :func:`start_progress`. Local."""
-    def on(name: str) -> bool:
-        value = os.environ.get(f"OMPI_MCA_{name}", "").strip().lower()  # Open MPI's variables
-        return value in ("1", "true", "yes", "on", "enabled")
-
-    return ft_enabled() and on("mpi_ft_detector") and not on("mpi_ft_detector_thread")
+    return ft_enabled() and _mca_on("mpi_ft_detector") and not _mca_on("mpi_ft_detector_thread")
 
 
 def start_progress(interval: float = 0.1) -> bool:
