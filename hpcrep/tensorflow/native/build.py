@@ -1,13 +1,17 @@
 """Build hpcrep's compiled allreduce op against the installed TensorFlow and MPI.
 
 ``python -m hpcrep.tensorflow.native.build`` compiles the C++ sources next to it (every ``*.cc``,
-one object each, in parallel) and links them into ``_hpcrep_ops.so`` with the MPI C++ compiler
-wrapper (``mpicxx``: the one mpi4py was built with, else the one on ``PATH``) and TensorFlow's own
-compile and link flags (``tf.sysconfig``); no CMake. It writes ``_hpcrep_ops.json`` recording the
-TensorFlow version and the hash of every source and header, which the loader checks, so a library
-built for another TensorFlow or from other sources is never loaded. ``make install`` runs this; it
-exits 0 with a message when no compiler or headers are found (hpcrep then uses its Python path)
-unless ``--require`` is given.
+one object each, in parallel) and links them into ``_hpcrep_ops.<mpi>.so`` with the MPI C++
+compiler wrapper (``mpicxx``: the one mpi4py was built with, else the one beside this Python, else
+the one on ``PATH``) and TensorFlow's own compile and link flags (``tf.sysconfig``); no CMake.
+``<mpi>`` names the MPI that this Python's mpi4py loads (:func:`hpcrep.comm.world.mpi_flavour`:
+``openmpi4``, ``openmpi5``, ...), so one checkout holds a build per MPI (``.venv``'s Open MPI 4.1
+and ``.venv-ulfm``'s Open MPI 5 each load their own). It writes ``_hpcrep_ops.<mpi>.json``
+recording the TensorFlow version, the MPI and the hash of every source and header, which the loader
+checks, so a library built for another TensorFlow, another MPI or from other sources is never
+loaded. ``make install`` (and ``make ulfm`` for Open MPI 5) runs this; it exits 0 with a message
+when no compiler or headers are found (hpcrep then uses its Python path) unless ``--require`` is
+given.
 """
 
 from __future__ import annotations
@@ -25,8 +29,29 @@ import tempfile
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LIBRARY = os.path.join(HERE, "_hpcrep_ops.so")
-STAMP = os.path.join(HERE, "_hpcrep_ops.json")
+
+
+def running_mpi() -> tuple[str, str]:
+    """Return (flavour, version line) of the MPI this Python's mpi4py loads. Local; does not
+    initialise MPI when nothing has yet."""
+    import mpi4py  # noqa: PLC0415
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.initialize = False  # MPI_Get_library_version is allowed before MPI_Init
+    from hpcrep.comm import world  # noqa: PLC0415
+
+    version = world.mpi_library_version()
+    return world.mpi_flavour(version), version
+
+
+def library_path(flavour: str) -> str:
+    """Return the path of the op's library built for MPI ``flavour``."""
+    return os.path.join(HERE, f"_hpcrep_ops.{flavour}.so")
+
+
+def stamp_path(flavour: str) -> str:
+    """Return the path of the stamp (JSON) of the library built for MPI ``flavour``."""
+    return os.path.join(HERE, f"_hpcrep_ops.{flavour}.json")
 
 
 def sources() -> list[str]:
@@ -75,6 +100,7 @@ def build(require: bool = False, verbose: bool = False) -> int:
               file=sys.stderr)
         return 1 if require else 0
 
+    flavour, mpi_version = running_mpi()
     mpicxx = find_mpicxx()
     if mpicxx is None:
         return skip("no MPI C++ compiler wrapper (mpicxx) found; install libopenmpi-dev")
@@ -108,12 +134,15 @@ def build(require: bool = False, verbose: bool = False) -> int:
             os.unlink(tmp)
             print(result.stderr[-4000:], file=sys.stderr)
             return skip(f"linking failed ({mpicxx})")
-    os.replace(tmp, LIBRARY)  # atomic: a running process keeps the old inode
-    stamp = {"tensorflow": tf.__version__, "source": source_hash(), "mpicxx": mpicxx}
-    with open(STAMP + ".tmp", "w") as f:
+    library, stamp_file = library_path(flavour), stamp_path(flavour)
+    os.replace(tmp, library)  # atomic: a running process keeps the old inode
+    stamp = {"tensorflow": tf.__version__, "source": source_hash(), "mpicxx": mpicxx,
+             "mpi": flavour, "mpi_version": mpi_version}
+    with open(stamp_file + ".tmp", "w") as f:
         json.dump(stamp, f)
-    os.replace(STAMP + ".tmp", STAMP)
-    print(f"hpcrep native: built {LIBRARY} for TensorFlow {tf.__version__} with {mpicxx}")
+    os.replace(stamp_file + ".tmp", stamp_file)
+    print(f"hpcrep native: built {library} for TensorFlow {tf.__version__} and {mpi_version} "
+          f"with {mpicxx}")
     return 0
 
 
