@@ -294,7 +294,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "In-process elastic (ULFM; hpcrep run --max-np sets it): after ranks were lost, grow "
             "the job back up to this many ranks at a commit of @hvd.elastic.run's state, "
             "spawning new ranks into free slots of the hosts the job still runs on "
-            "(hpcrep/comm/grow.py). 0: never grow.", same_on_all_ranks=True),
+            "(hpcrep/comm/grow.py); under hpcrep run, a lost host that answers again rejoins "
+            "through a relaunch from the commit (hpcrep/comm/hosts_back.py). 0: never grow.",
+            same_on_all_ranks=True),
     Setting("HPCREP_ELASTIC_MIN_NP", int, 1,
             "In-process elastic (ULFM; hpcrep run --min-np sets it): if fewer ranks than this "
             "survive a failure, they stop (exit status 76) with a message instead of going on; "

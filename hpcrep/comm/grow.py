@@ -10,9 +10,13 @@ ones and makes the merged communicator the job's world in place (:func:`hpcrep.c
 The new ranks join in their :func:`hpcrep.comm.init` (:func:`hpcrep.comm.world.spawned_to_grow`)
 and meet the others in the state's ``sync``, which gives them rank 0's state.
 
-A host the job no longer runs on is not grown onto: Open MPI 5.0.11 did not start spawned ranks
-on a node whose link came back after a cut (``PMIx_Connect`` "Not supported" in their
-``MPI_Init``), and the partitioned side's stale failure reports then aborted a survivor.
+A host the job no longer runs on is not spawned onto: Open MPI 5.0.11 did not start spawned
+ranks on a node whose link came back after a cut (``PMIx_Connect`` "Not supported" in their
+``MPI_Init``), and the partitioned side's stale failure reports then aborted a survivor. Such a
+host rejoins through a relaunch instead, under ``hpcrep run --elastic --max-np``
+(:mod:`hpcrep.comm.hosts_back`): when the launcher reports it back, the plan at the next commit
+is to stop there (:func:`stop_to_relaunch`) and ``hpcrep run`` starts the job again on every host
+from that commit.
 
 mpi4py only; never TensorFlow.
 """
@@ -27,21 +31,26 @@ import time
 from typing import Any, Optional
 
 from hpcrep import config
-from hpcrep.comm import recovery, watchdog, world
+from hpcrep.comm import hosts_back, recovery, watchdog, world
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Where :func:`grow` puts new ranks: ``(host, count)`` pairs, in host order."""
+    """Where :func:`grow` puts new ranks: ``(host, count)`` pairs, in host order; or, with
+    ``healed``, the hosts without ranks that answer again, which only a relaunch can use
+    (:func:`stop_to_relaunch`; ``places`` is then empty)."""
 
     places: tuple[tuple[str, int], ...]
+    healed: tuple[str, ...] = ()
 
     @property
     def count(self) -> int:
-        """How many ranks the plan adds."""
+        """How many ranks the plan adds in this job (0 for a relaunch)."""
         return sum(n for _, n in self.places)
 
     def __str__(self) -> str:
+        if self.healed:
+            return f"relaunch onto {', '.join(self.healed)} too"
         return ", ".join(f"{n} on {host}" for host, n in self.places)
 
 
@@ -107,13 +116,53 @@ def planned() -> Optional[Plan]:
     size, most = world.size(), max_size()
     if most <= size or not recovery.enabled():
         return None
-    plan = capacity(_slots, watchdog.hosts(), most - size) if world.rank() == 0 else None
+    plan = _plan(most - size) if world.rank() == 0 else None
     try:
         return world.comm().bcast(plan, root=0)
     except Exception as exc:
         if recovery.note(exc):
             recovery.raise_failure(exc)
         raise
+
+
+def _plan(want: int) -> Optional[Plan]:
+    """Rank 0's side of :func:`planned`: a relaunch if ``hpcrep run`` reported a lost host back
+    (:mod:`hpcrep.comm.hosts_back`; then every host is used), else the free slots here."""
+    running = watchdog.hosts()
+    directory = config.get("HPCREP_ELASTIC_DIR")
+    if directory:
+        hosts_back.publish_running(directory, running)
+        healed = hosts_back.hosts_back(directory, list(_slots), running)
+        if healed:
+            return Plan((), healed)
+    return capacity(_slots, running, want)
+
+
+def stop_to_relaunch(plan: Plan) -> None:
+    """End this process (``SystemExit(0)``, so that exit handlers and ``MPI_Finalize`` run) for
+    ``hpcrep run`` to relaunch the job onto ``plan.healed`` and the hosts it runs on, from the
+    commit that made the plan (already in ``HPCREP_ELASTIC_DIR``). Rank 0 writes the request and
+    logs one line; no rank leaves before it is written.
+
+    Collective: every rank of the job must call this with the same plan (from :func:`planned`).
+
+    Raises:
+        SystemExit: always (status 0), on every rank.
+        RankFailedError: a rank failed before the request was written.
+    """
+    directory = config.get("HPCREP_ELASTIC_DIR")
+    if world.rank() == 0:
+        hosts_back.request_relaunch(directory, plan.healed, world.size(), max_size())
+        print(f"hpcrep: {', '.join(plan.healed)} answer(s) again: the job stops at this commit "
+              f"({world.size()} ranks) and hpcrep run relaunches it on up to {max_size()} ranks "
+              "from it", file=sys.stderr, flush=True)
+    try:
+        world.comm().barrier()
+    except Exception as exc:
+        if recovery.note(exc):
+            recovery.raise_failure(exc)
+        raise
+    raise SystemExit(0)
 
 
 def grow(plan: Plan) -> Growth:

@@ -31,6 +31,7 @@ import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
+from hpcrep.comm import hosts_back
 from hpcrep.launch.hosts import Host
 
 PROBE_TIMEOUT = 20.0  # seconds the launcher may take to run `true` on a host
@@ -91,6 +92,22 @@ def decide(attempt: Attempt, requested: int, reset_limit: int, min_np: int,
     return Decision(True, "hosts still reachable", ranks, tuple(reachable))
 
 
+def decide_growth(attempt: Attempt, max_np: int, requested: int,
+                  reachable: Optional[Sequence[Host]]) -> Decision:
+    """Return where to relaunch a job that stopped at a commit to grow back onto a host it had
+    lost (:mod:`hpcrep.comm.hosts_back`): every reachable host, up to ``max_np`` ranks (or
+    ``requested``, the first attempt's count, if larger). Pure."""
+    if not attempt.progressed:
+        return Decision(False, "it asked to grow but wrote no commit to resume from")
+    most = max(max_np, requested)
+    if reachable is None:
+        return Decision(True, "local ranks", most, ())
+    slots = sum(h.slots for h in reachable)
+    if slots == 0:
+        return Decision(False, "no host answers the probe")
+    return Decision(True, "hosts reachable again", min(most, slots), tuple(reachable))
+
+
 def probe_hosts(hosts: Sequence[Host], probe_argv: Callable[[Host], list[str]],
                 env: dict, timeout: float = PROBE_TIMEOUT) -> list[Host]:
     """Return the hosts on which ``probe_argv(host)`` (the launcher running ``true`` there)
@@ -116,9 +133,13 @@ def run_elastic(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
                 hosts: Sequence[Host], env: dict, reset_limit: int, min_np: int,
                 probe_argv: Optional[Callable[[Host], list[str]]] = None,
                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr,
-                                                                flush=True)) -> int:
+                                                                flush=True),
+                max_np: int = 0) -> int:
     """Run ``launch(ranks, hosts, env)`` (the launcher's exit code) and relaunch it after a
-    failure as :func:`decide` says; return the last attempt's exit code.
+    failure as :func:`decide` says; return the last attempt's exit code. A job that stopped to
+    grow back onto a host it had lost (:mod:`hpcrep.comm.hosts_back`, ULFM with ``max_np``) is
+    relaunched on every one of ``hosts`` that answers, as :func:`decide_growth` says; that does
+    not count against ``reset_limit``.
 
     ``env`` gets ``HPCREP_ELASTIC_DIR`` (a new directory under the working directory unless it
     is set; that one is removed after a success). ``hosts`` empty: local ranks, never probed.
@@ -137,6 +158,21 @@ def run_elastic(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
         code = launch(current_ranks, current_hosts, env)
         attempt = Attempt(number, code, time.monotonic() - start,
                           last_commit(directory) > before)
+        if hosts_back.relaunch_requested(directory) is not None:
+            hosts_back.clear(directory)
+            reachable = (probe_hosts(hosts, probe_argv, env)
+                         if hosts and probe_argv is not None else None)
+            growth = decide_growth(attempt, max_np, ranks, reachable)
+            if growth.relaunch:
+                where = (", ".join(f"{h.name}:{h.slots}" for h in growth.hosts)
+                         if growth.hosts else "this machine")
+                log(f"hpcrep run: elastic: the job stopped at a commit to grow back after "
+                    f"{attempt.seconds:.1f} s; relaunching {growth.ranks} rank(s) on {where} "
+                    "from that commit")
+                current_ranks, current_hosts = growth.ranks, growth.hosts
+                continue
+            log(f"hpcrep run: elastic: the job stopped to grow back but is not relaunched: "
+                f"{growth.reason}")
         if code == 0:
             break
         reachable = None

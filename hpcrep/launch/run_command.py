@@ -28,6 +28,7 @@ from hpcrep import config
 from hpcrep.errors import LaunchOptionError
 from hpcrep.launch import hosts as hostlists
 from hpcrep.launch import relaunch
+from hpcrep.launch.heal_watch import HealWatch
 from hpcrep.launch.mpirun import (env_arguments, find_mpirun, flavor, has_ulfm, mpirun_command,
                                   mpirun_env, ulfm_arguments)
 from hpcrep.launch.script_api import EXPLICIT_MODULES, ExplicitImport, script_imports
@@ -271,8 +272,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "on the hosts still reachable (default 1)")
     parser.add_argument("--max-np", type=int, default=None,
                         help="with --elastic on an MPI with ULFM: after ranks were lost, grow "
-                             "back up to this many at a commit, into free slots of the hosts "
-                             "the job still runs on (HPCREP_ELASTIC_MAX_NP)")
+                             "back up to this many at a commit: into free slots of the hosts "
+                             "the job still runs on, and onto a lost host that answers again "
+                             "(a relaunch from the commit) (HPCREP_ELASTIC_MAX_NP)")
     parser.add_argument("--timeline-filename", "--timeline", dest="timeline_filename",
                         default=None, metavar="FILE",
                         help="record a merged timeline of every rank's collectives and steps; "
@@ -373,11 +375,15 @@ def _run_elastic(args: argparse.Namespace, env: dict) -> int:
               if in_process and args.min_np else [])])
         if args.verbose:
             print(f"hpcrep run: {shlex.join(built.argv)}", file=sys.stderr, flush=True)
-        return supervise(built.argv, env=attempt_env)
+        if not (in_process and args.max_np and hosts):
+            return supervise(built.argv, env=attempt_env)
+        # a host the shrunk job lost entirely comes back through a relaunch (hosts_back)
+        with HealWatch(attempt_env["HPCREP_ELASTIC_DIR"], hosts, probe, attempt_env):
+            return supervise(built.argv, env=attempt_env)
 
     def probe(host: hostlists.Host) -> list[str]:
         return mpirun_command(1, ["true"], mpirun=mpirun,
                               extra=hostlists.host_arguments([host], family) + extra)
 
     return relaunch.run_elastic(launch, ranks, hosts, env, args.reset_limit, args.min_np or 1,
-                                probe_argv=probe)
+                                probe_argv=probe, max_np=args.max_np or 0)

@@ -1,12 +1,13 @@
 """In-process elastic over ULFM across the 2-node fixture (Open MPI 5 from ``.venv-ulfm``,
-``mpirun --with-ft ulfm`` with the threaded heartbeat detector; issue 22): 2 nodes x 2 ranks
+``mpirun --with-ft ulfm`` with the unthreaded heartbeat detector; issue 22): 2 nodes x 2 ranks
 train a Keras model on Fashion-MNIST under ``@hvd.elastic.run`` (tests/launch/ulfm_elastic_job.py)
 and lose rank 3 on node2 to SIGKILL or SIGSTOP, or all of node2 to a cut link. The ranks left
 go on in the same mpirun from the last commit (with ``HPCREP_ELASTIC_MAX_NP=4`` the job grows
 back onto node2 at the next commit), finish with equal weights, and mpirun exits 0;
 after a cut, node2's side stops (no quorum) and the launcher supervisor ends the mpirun that
-waits for node2's daemon. And ``python -m hpcrep --elastic`` (transparent mode) keeps an
-unchanged ``fit`` going on the ranks left after rank 3 is SIGKILLed
+waits for node2's daemon. Under ``hpcrep run --elastic --max-np 4`` a cut node2 that is healed
+rejoins the shrunk job through a relaunch from its commit. And ``python -m hpcrep --elastic``
+(transparent mode) keeps an unchanged ``fit`` going on the ranks left after rank 3 is SIGKILLed
 (tests/launch/transparent_elastic_job.py)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -105,6 +107,83 @@ def test_the_ranks_left_go_on_in_the_same_mpirun(cluster, ulfm_mpirun, tmp_path,
           f"{first - event:.2f} s after (noticed {noticed:.2f} s, revoke + shrink {shrink:.2f} "
           f"s; bound {bound} s); mpirun exited {ended - event:.1f} s after")
     assert first - event < bound, first - event
+
+
+@pytest.mark.timeout(500)
+def test_a_healed_node_rejoins_through_a_relaunch_from_the_commit(cluster, ulfm_mpirun,
+                                                                   tmp_path):
+    """``hpcrep run --elastic --max-np 4`` on Open MPI 5: node2 cut, node1's 2 ranks go on; node2
+    healed: hpcrep run's probe finds it back, the job stops at its next commit and hpcrep run
+    relaunches it on both nodes from that commit; it ends on 4 ranks (2 on node2) with equal
+    weights, and hpcrep run exits 0."""
+    node1, node2 = cluster.nodes[:2]
+    python = str(cluster.root / ".venv-ulfm" / "bin" / "python")
+    argv = [python, "-m", "hpcrep.cli", "run", "-np", "4", "-H", f"{node1}:2,{node2}:2",
+            "--elastic", "--max-np", "4", f"--mpi-args={cluster.mpi_args(ulfm_mpirun)}", JOB,
+            "--out", str(tmp_path), "--rows", "16384", "--epochs", "16", "--commit-every", "4",
+            "--print-steps"]
+    env = cluster.env(PYTHONPATH=os.pathsep.join([str(cluster.root),
+                                                  os.environ.get("PYTHONPATH", "")]),
+                      HPCREP_STALL_TIMEOUT=str(STALL_TIMEOUT),
+                      HPCREP_ULFM_DETECT_TIMEOUT=str(DETECTOR_TIMEOUT),
+                      HPCREP_ELASTIC_DIR=str(tmp_path / "commits"))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=cluster.root, start_new_session=True)
+    lines: list[tuple[float, str]] = []
+    cut = healed = None
+    try:
+        deadline = time.monotonic() + 420
+        for line in proc.stdout:
+            lines.append((time.time(), line))
+            if cut is None and re.match(r"rank 0 step 30 ", line):
+                cluster.fault("cut", node2)
+                cut = time.time()
+            elif healed is None and "2 survivors go on" in line:
+                time.sleep(5)
+                cluster.fault("heal", node2)
+                healed = time.time()
+            assert time.monotonic() < deadline, "".join(text for _, text in lines)[-4000:]
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        cluster.fault("heal", node2)
+        cluster.wait_until_nodes_run()  # for the tests after this one
+    out = "".join(text for _, text in lines)
+
+    def first(pattern: str) -> float:
+        found = [t for t, text in lines if pattern in text]
+        assert found, f"no {pattern!r} in:\n{out[-4000:]}"
+        return found[0]
+
+    assert proc.returncode == 0, out[-4000:]
+    assert cut is not None and healed is not None, out[-4000:]
+    assert "hpcrep: rank(s) 2, 3 of 4 failed; 2 survivors go on" in out, out[-4000:]
+    reported = first(f"hpcrep run: elastic: {node2} answer(s) again")
+    stopped = first(f"hpcrep: {node2} answer(s) again: the job stops at this commit (2 ranks)")
+    relaunched = first("relaunching 4 rank(s) on " + f"{node1}:2, {node2}:2 from that commit")
+    for _, text in lines:
+        if text.startswith("hpcrep"):
+            print(text.rstrip())
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [(r["rank"], r["size"], r["first_size"]) for r in results] == \
+        [(r, 4, 4) for r in range(4)], results
+    assert [r["host"] for r in results] == [node1, node1, node2, node2], results
+    resumed = results[0]["resumes"][0]  # the relaunched job began at the commit that stopped it
+    assert (resumed[0], resumed[1]) > (0, 0), resumed
+    assert all(r["accuracy"] > 0.6 for r in results), [r["accuracy"] for r in results]
+    weights = [np.load(tmp_path / f"weights-rank{r}.npz") for r in range(4)]
+    for other in weights[1:]:
+        for key in weights[0].files:
+            np.testing.assert_array_equal(weights[0][key], other[key])
+    step4 = min(results[0]["step_ends"])
+    print(f"\nULFM on the fixture, heal ({node2}): cut at rank 0's step 30, healed "
+          f"{healed - cut:.1f} s later; hpcrep run found {node2} back {reported - healed:.1f} s "
+          f"after the heal, the job stopped at a commit {stopped - reported:.1f} s after that, "
+          f"first step on 4 ranks {step4 - stopped:.1f} s after the stop (the stopped job's "
+          f"exit and the probe {relaunched - stopped:.1f} s, the relaunch "
+          f"{step4 - relaunched:.1f} s; {step4 - healed:.1f} s after the heal; resumed at epoch "
+          f"{resumed[0]}, row {resumed[1]})")
 
 
 @pytest.mark.timeout(300)

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
+from hpcrep.comm import hosts_back
 from hpcrep.launch import relaunch, run_command
+from hpcrep.launch.heal_watch import HealWatch
 from hpcrep.launch.hosts import Host
 from hpcrep.errors import LaunchOptionError
 
@@ -134,3 +136,71 @@ def test_a_host_whose_probe_hangs_is_unreachable_and_the_probe_is_killed(tmp_pat
         for _ in range(50):
             os.kill(child, 0)
             time.sleep(0.1)
+
+
+# Growing back onto a host a ULFM job lost (hpcrep.comm.hosts_back, hpcrep.launch.heal_watch).
+
+def test_growth_relaunches_on_every_reachable_host_up_to_max_np():
+    d = relaunch.decide_growth(attempt(code=0), max_np=4, requested=4, reachable=[A, B])
+    assert d.relaunch and d.ranks == 4 and d.hosts == (A, B)
+    d = relaunch.decide_growth(attempt(code=0), max_np=3, requested=2, reachable=[A, B])
+    assert d.relaunch and d.ranks == 3
+    d = relaunch.decide_growth(attempt(code=0), max_np=4, requested=4, reachable=None)
+    assert d.relaunch and d.ranks == 4 and d.hosts == ()
+    assert not relaunch.decide_growth(attempt(code=0, progressed=False), 4, 4, [A, B]).relaunch
+    assert not relaunch.decide_growth(attempt(code=0), 4, 4, []).relaunch
+
+
+def test_run_elastic_relaunches_a_job_that_stopped_to_grow_on_all_hosts(tmp_path):
+    """The first attempt shrank to node1 and stopped at a commit asking to grow (what rank 0's
+    grow.stop_to_relaunch writes), exit 0: the next attempt runs on both hosts at max_np, the
+    request files are gone, and the reset limit (0) did not stop it."""
+    given = str(tmp_path / "commits")
+    os.makedirs(given)
+    launch, calls = _launcher([0, 0], commit_on={1, 2})
+
+    def stopping_launch(ranks, hosts, env):
+        code = launch(ranks, hosts, env)
+        if len(calls) == 1:
+            hosts_back.publish_running(given, ["node1"])
+            hosts_back.report_back(given, ["node2"])
+            hosts_back.request_relaunch(given, ["node2"], size=2, max_size=4)
+        return code
+
+    lines = []
+    code = relaunch.run_elastic(stopping_launch, 4, [A, B], {"HPCREP_ELASTIC_DIR": given},
+                                reset_limit=0, min_np=1, probe_argv=lambda h: ["true"],
+                                log=lines.append, max_np=4)
+    assert code == 0 and [(c[0], c[1]) for c in calls] == [(4, (A, B)), (4, (A, B))]
+    assert sorted(os.listdir(given)) == ["elastic-state-0.pkl"]
+    assert any("stopped at a commit to grow back" in line
+               and "relaunching 4 rank(s) on node1:2, node2:2" in line for line in lines), lines
+
+
+def test_the_job_sees_only_lost_hosts_of_its_first_world_reported_back(tmp_path):
+    d = str(tmp_path)
+    assert hosts_back.hosts_back(d, ["node1", "node2"], ["node1"]) == ()  # nothing reported
+    hosts_back.report_back(d, ["node2.cluster", "node9"])
+    assert hosts_back.hosts_back(d, ["node1", "node2"], ["node1"]) == ("node2",)
+    assert hosts_back.hosts_back(d, ["node1", "node2"], ["node1", "node2"]) == ()
+    hosts_back.publish_running(d, ["node1", "node1.cluster"])
+    assert hosts_back.running(d) == ["node1"]
+
+
+def test_heal_watch_probes_only_hosts_without_ranks_and_reports_those_that_answer(tmp_path):
+    d = str(tmp_path)
+    probed, lines = [], []
+
+    def probe(host):
+        probed.append(host.name)
+        return ["true"] if host.name == "node2" else ["false"]
+
+    C = Host("node3", 2)
+    watch = HealWatch(d, [A, B, C], probe, dict(os.environ), log=lines.append)
+    assert watch.check_once() == () and probed == []  # the job has not shrunk: nothing probed
+    hosts_back.publish_running(d, ["node1"])
+    assert watch.check_once() == ("node2",) and sorted(probed) == ["node2", "node3"]
+    assert hosts_back.hosts_back(d, ["node1", "node2", "node3"], ["node1"]) == ("node2",)
+    assert len(lines) == 1 and "node2 answer(s) again" in lines[0]
+    watch.check_once()
+    assert len(lines) == 1  # said once

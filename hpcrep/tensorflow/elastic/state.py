@@ -218,7 +218,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     :class:`~hpcrep.errors.HostsUpdatedInterrupt` on every rank, the new ranks are spawned (the
     same program, which must reach the decorated function without any other collective after
     ``hvd.init()``), the reset callbacks run and ``func`` is called again after a sync that gives
-    the new ranks rank 0's state.
+    the new ranks rank 0's state. A host the job lost entirely comes back through a relaunch
+    instead: when ``hpcrep run`` reports it reachable again, the job stops at the next commit
+    (``SystemExit(0)`` on every rank: code after the decorated call does not run) and ``hpcrep
+    run`` starts it again on every host from that commit (:mod:`hpcrep.comm.hosts_back`).
 
     Collective: every rank must call the decorated function.
     """
@@ -232,6 +235,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 recovery.confirm()
                 return result
             except HostsUpdatedInterrupt as interrupt:
+                if interrupt.plan.healed:  # a lost host is back: hpcrep run relaunches the job
+                    grow.stop_to_relaunch(interrupt.plan)
                 grow.grow(interrupt.plan)  # the state is the commit that raised it
                 state.on_reset()
                 continue
