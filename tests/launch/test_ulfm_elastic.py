@@ -188,14 +188,16 @@ def first_step_after_resume(stderr: str, death: float) -> float:
 @pytest.mark.timeout(300)
 def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch):
     """``python -m hpcrep --elastic`` runs an unchanged Keras ``fit``; a rank SIGKILLed in the
-    second epoch: the survivors go back to the end of the first, reshard, finish the 3 epochs."""
+    second epoch: the survivors go back to the end of the first, reshard, finish the 3 epochs.
+    ``HPCREP_ELASTIC_MAX_NP`` (what ``hpcrep run --max-np`` sets) leaves it on 3 ranks: only
+    ``@hvd.elastic.run`` grows back (a commit that asked to grow used to end the script)."""
     job = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep", "--elastic",
            str(HERE / "transparent_elastic_job.py"), str(scratch)]
     argv = mpirun_command(RANKS, job, mpirun=str(ulfm_venv / "bin" / "mpirun"),
                           extra=["--with-ft", "ulfm", *DETECTOR, "-x", "KILL_RANK", "-x",
-                                 "KILL_AT"])
+                                 "KILL_AT", "-x", "HPCREP_ELASTIC_MAX_NP"])
     env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "KILL_RANK": str(VICTIM),
-                      "KILL_AT": "10",
+                      "KILL_AT": "10", "HPCREP_ELASTIC_MAX_NP": str(RANKS),
                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     output = done.stdout[-3000:] + done.stderr[-3000:]

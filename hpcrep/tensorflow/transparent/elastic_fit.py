@@ -57,6 +57,15 @@ class _CommitEachEpoch(keras.callbacks.Callback):
         self.state.commit()
 
 
+class _FitState(TensorFlowKerasState):
+    """The transparent ``fit``'s state: it never grows the job back (``HPCREP_ELASTIC_MAX_NP``
+    is for ``@hvd.elastic.run``): a rank spawned to grow would run the script from the top, and
+    the others' transparent broadcasts lie behind them."""
+
+    def check_host_updates(self) -> None:
+        """Never raise :class:`~hpcrep.errors.HostsUpdatedInterrupt`. Local."""
+
+
 def fit(model: Any, attempt: Callable[[int, list], Any], initial_epoch: int) -> Any:
     """Run ``attempt(initial_epoch, extra_callbacks)`` (the patched ``fit``, sharding its input
     by the job's rank and size at the time) until it returns on every living rank; after a
@@ -64,7 +73,7 @@ def fit(model: Any, attempt: Callable[[int, list], Any], initial_epoch: int) -> 
 
     Collective: every rank of the job calls it (the patched ``fit`` does).
     """
-    state = TensorFlowKerasState(model, epoch=initial_epoch, logs={})
+    state = _FitState(model, epoch=initial_epoch, logs={})
     attempts = 0
     while True:
         attempts += 1
