@@ -386,9 +386,13 @@ def versions() -> dict:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-    try:
-        out["mpirun"] = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
-                                       timeout=30).stdout.splitlines()[0]
+    try:  # the mpirun the jobs run under (beside this Python first, as run_job's launcher)
+        from hpcrep.launch.mpirun import find_mpirun  # noqa: PLC0415
+
+        mpirun = find_mpirun()
+        version = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout.splitlines()[0]
+        out["mpirun"] = f"{version} ({mpirun})"
     except (OSError, IndexError, subprocess.TimeoutExpired):
         pass
     return out

@@ -223,7 +223,7 @@ def environment() -> dict[str, Any]:
     return {"ranks": MPI.COMM_WORLD.Get_size(), "tf_intra_threads":
             tf.config.threading.get_intra_op_parallelism_threads(),
             "tf": tf.__version__, "python": platform.python_version(),
-            "mpi": MPI.Get_library_version().splitlines()[0]}
+            "mpi": MPI.Get_library_version().replace("\0", "").splitlines()[0]}
 
 
 def gradient_summary(variables: Sequence[Any]) -> dict[str, int]:
