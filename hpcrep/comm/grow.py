@@ -162,6 +162,7 @@ def stop_to_relaunch(plan: Plan) -> None:
         if recovery.note(exc):
             recovery.raise_failure(exc)
         raise
+    recovery.finish_sooner(2.0)  # the relaunch waits for this job's mpirun to end
     raise SystemExit(0)
 
 

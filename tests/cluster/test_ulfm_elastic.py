@@ -120,8 +120,8 @@ def test_a_healed_node_rejoins_through_a_relaunch_from_the_commit(cluster, ulfm_
     python = str(cluster.root / ".venv-ulfm" / "bin" / "python")
     argv = [python, "-m", "hpcrep.cli", "run", "-np", "4", "-H", f"{node1}:2,{node2}:2",
             "--elastic", "--max-np", "4", f"--mpi-args={cluster.mpi_args(ulfm_mpirun)}", JOB,
-            "--out", str(tmp_path), "--rows", "16384", "--epochs", "16", "--commit-every", "4",
-            "--print-steps"]
+            "--out", str(tmp_path), "--rows", "16384", "--epochs", "150", "--commit-every", "4",
+            "--epochs-after-relaunch", "2", "--print-steps"]
     env = cluster.env(PYTHONPATH=os.pathsep.join([str(cluster.root),
                                                   os.environ.get("PYTHONPATH", "")]),
                       HPCREP_STALL_TIMEOUT=str(STALL_TIMEOUT),

@@ -42,6 +42,10 @@ parser.add_argument("--stop", action="store_true",
                     help="the victim SIGSTOPs itself (a hung rank) instead of SIGKILL")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--print-steps", action="store_true", help="rank 0 prints each step's end")
+parser.add_argument("--epochs-after-relaunch", type=int, default=0,
+                    help="a job relaunched from a commit (hpcrep run --elastic) ends after "
+                         "this many more epochs (0: at --epochs), so that a test can give the "
+                         "first job many epochs to run shrunk without waiting for all of them")
 args = parser.parse_args()
 
 hvd.init()
@@ -113,7 +117,12 @@ def train(state):
     # Back at the last commit (rank 0's): steps this rank ran after it were not kept.
     resumes.append([state.epoch, state.rows_done, time.time()])
     fed[:] = [f for f in fed if (f[0], f[1]) < (state.epoch, state.rows_done)]
-    for epoch in range(state.epoch, args.epochs):
+    # this process's first sync resumed past the start: a relaunch from a commit on disk
+    relaunched = not spawned and (resumes[0][0], resumes[0][1]) > (0, 0)
+    last = args.epochs
+    if relaunched and args.epochs_after_relaunch:
+        last = min(args.epochs, resumes[0][0] + args.epochs_after_relaunch)
+    for epoch in range(state.epoch, last):
         n, r, b = hvd.size(), hvd.rank(), args.batch
         perm = order(epoch)
         steps = (len(perm) - state.rows_done) // (n * b)
