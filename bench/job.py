@@ -220,10 +220,12 @@ def environment() -> dict[str, Any]:
     import tensorflow as tf  # noqa: PLC0415
     from mpi4py import MPI  # noqa: PLC0415
 
+    from hpcrep.comm import mpi_library_version  # noqa: PLC0415
+
     return {"ranks": MPI.COMM_WORLD.Get_size(), "tf_intra_threads":
             tf.config.threading.get_intra_op_parallelism_threads(),
             "tf": tf.__version__, "python": platform.python_version(),
-            "mpi": MPI.Get_library_version().replace("\0", "").splitlines()[0]}
+            "mpi": mpi_library_version()}
 
 
 def gradient_summary(variables: Sequence[Any]) -> dict[str, int]:

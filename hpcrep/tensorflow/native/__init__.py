@@ -65,13 +65,12 @@ _engines: dict[int, Engine] = {}  # id(communicator) -> its engine; read and wri
 _hooked: list[bool] = []  # the watchdog probe and join hooks are installed once per process
 
 
-def library_file() -> tuple[str, str]:
-    """Return (the path of the op's library for the MPI this process runs, that MPI's version
-    line). Local (does not initialise MPI)."""
+def library_file() -> str:
+    """Return the path of the op's library for the MPI this process runs. Local (does not
+    initialise MPI)."""
     from hpcrep.tensorflow.native import build  # noqa: PLC0415
 
-    flavour, version = build.running_mpi()
-    return build.library_path(flavour), version
+    return build.library_path(build.running_mpi()[0])
 
 
 def _unavailable_reason() -> Optional[str]:
@@ -108,7 +107,7 @@ def _load() -> Loaded:
         return Loaded(reason=reason)
     import tensorflow as tf  # noqa: PLC0415
 
-    path = library_file()[0]
+    path = library_file()
     try:
         ops = tf.load_op_library(path)
         library = Library(path)
@@ -144,7 +143,7 @@ def status() -> tuple[bool, str]:
                        "(ULFM), which only the Python path's collectives recover from")
     reason = _load().reason
     if reason is None:
-        return True, f"the compiled op ({library_file()[0]}) is active"
+        return True, f"the compiled op ({library_file()}) is active"
     if mode == "on":
         raise ConfigError(f"HPCREP_NATIVE=on but the compiled op cannot be used: {reason}. "
                           "Build it, or set HPCREP_NATIVE=auto to fall back to the Python path.")
