@@ -125,3 +125,26 @@ def test_keras_elastic_pattern_of_horovods_example(world):
         np.testing.assert_array_equal(w, f)
     gathered = hvd.allgather_object([w.tolist() for w in final])
     assert all(g == gathered[0] for g in gathered)
+
+
+def test_a_commit_on_disk_from_another_model_is_refused_with_what_differs(world, monkeypatch,
+                                                                          tmp_path):
+    """With ``HPCREP_ELASTIC_DIR``, a state resuming from a commit that another model wrote
+    (here a Dense(3) where it was a Dense(2)) raises on rank 0, which reads the file, naming the
+    file, the variable and both shapes, instead of assigning what fits and going on."""
+    r, _ = world
+    directory = hvd.broadcast_object(str(tmp_path), 0)  # rank 0's directory on every rank
+    monkeypatch.setenv("HPCREP_ELASTIC_DIR", directory)
+    before = hvd.elastic.TensorFlowKerasState(
+        keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), epoch=1)
+    before.commit()  # rank 0 writes elastic-state-<id>.pkl; no rank returns before it is there
+    after = hvd.elastic.TensorFlowKerasState(
+        keras.Sequential([keras.Input((3,)), keras.layers.Dense(3)]), epoch=0)
+    after._state_id = before._state_id  # the same state of a changed script, run again
+    if r == 0:
+        with pytest.raises(ValueError, match=r"elastic commit .*elastic-state-\d+\.pkl does not "
+                           r"fit this model: it holds 2 variables, the state has 2; variable 0 "
+                           r"is \(3, 2\) there and \(3, 3\) here"):
+            after._resume_from_disk()
+        assert after.epoch == 0
+    hvd.barrier()

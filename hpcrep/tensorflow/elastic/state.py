@@ -64,16 +64,30 @@ class State:
             comm.barrier()
         self.check_host_updates()
 
+    def committed(self) -> Optional[dict]:
+        """Return what a previous run's last :meth:`commit` of this state wrote to
+        ``HPCREP_ELASTIC_DIR`` (a dict: ``attrs``, and ``values`` for variables), or None if
+        nothing was. Local (the file is rank 0's; other ranks may not see it)."""
+        directory = config.get("HPCREP_ELASTIC_DIR")
+        if not directory or not os.path.exists(self._path(directory)):
+            return None
+        with open(self._path(directory), "rb") as f:
+            return pickle.load(f)
+
     def _resume_from_disk(self) -> None:
         """On the first sync, load the last commit written by a previous run into rank 0."""
         if self._resume_checked:
             return
         self._resume_checked = True
-        directory = config.get("HPCREP_ELASTIC_DIR")
-        if directory and comm.rank() == 0 and os.path.exists(self._path(directory)):
-            with open(self._path(directory), "rb") as f:
-                self._load_snapshot(pickle.load(f))
+        snapshot = self.committed() if comm.rank() == 0 else None
+        if snapshot is not None:
+            self._load_snapshot(snapshot)
+            self._check_resumed(self._path(config.get("HPCREP_ELASTIC_DIR")))
             self.restore()
+
+    def _check_resumed(self, path: str) -> None:
+        """Raise ValueError if the snapshot just loaded from ``path`` does not fit this state.
+        Local."""
 
     def _path(self, directory: str) -> str:
         return os.path.join(directory, f"elastic-state-{self._state_id}.pkl")
@@ -197,6 +211,32 @@ class TensorFlowState(ObjectState):
 
     def _save_variables(self) -> None:
         self._values = [np.array(v.numpy(), copy=True) for v in self.variables()]
+
+    def _check_resumed(self, path: str) -> None:
+        """Raise ValueError, naming the first difference, if the variables of the commit in
+        ``path`` are not this state's (more of them, or another shape): the script changed
+        since it was written. Local."""
+        variables = self.variables()
+        shapes = [tuple(v.shape) for v in variables]
+        saved = [tuple(np.shape(value)) for value in self._values]
+        if len(saved) <= len(shapes) and saved == shapes[:len(saved)]:
+            return
+        where = next((i for i, (a, b) in enumerate(zip(saved, shapes)) if a != b),
+                     min(len(saved), len(shapes)))
+        if not shapes:
+            raise ValueError(
+                f"hpcrep: the elastic commit {path} holds {len(saved)} variables, but the state "
+                "has none yet to restore them into (a Keras model without an Input, built only "
+                "by its first step from input that cannot be read ahead, such as a generator): "
+                "give the model a keras.Input, or build it (model.build or one call) before "
+                "fit. Or remove the commit, or set HPCREP_ELASTIC_DIR elsewhere, to start afresh.")
+        raise ValueError(
+            f"hpcrep: the elastic commit {path} does not fit this model: it holds "
+            f"{len(saved)} variables, the state has {len(shapes)}; variable {where} is "
+            f"{saved[where] if where < len(saved) else 'missing'} there and "
+            f"{shapes[where] if where < len(shapes) else 'missing'} here. It was written by "
+            "another model or script: remove it, or set HPCREP_ELASTIC_DIR to another "
+            "directory to start afresh.")
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
