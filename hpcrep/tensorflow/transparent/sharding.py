@@ -65,6 +65,26 @@ def kind_of(x: Any) -> Kind:
     return "arrays"
 
 
+def first_rows(x: Any, y: Any = None, sample_weight: Any = None) -> Optional[tuple]:
+    """Return a data batch of ``fit``'s input, ``(x, y, sample_weight)`` less trailing Nones (the
+    first row of arrays; the first element of a dataset), to build a model symbolically; None
+    for inputs that cannot be read without consuming them (generators, PyDatasets) or that are
+    empty. Local."""
+    kind = kind_of(x)
+    if kind == "arrays":
+        if count_rows(x) == 0:
+            return None
+        batch = tuple(None if v is None else tf.nest.map_structure(lambda a: a[:1], v)
+                      for v in (x, y, sample_weight))
+        while batch and batch[-1] is None:
+            batch = batch[:-1]
+        return batch
+    if kind in ("dataset", "presharded"):
+        for element in x.take(1):
+            return element if isinstance(element, tuple) else (element,)
+    return None
+
+
 def count_rows(structure: Any) -> int:
     """Return the number of rows of every array in ``structure`` (one count). Local."""
     lengths = {int(np.shape(leaf)[0]) for leaf in tf.nest.flatten(structure)}

@@ -147,7 +147,8 @@ def install(patches: PatchSet) -> None:
                 return original_fit(*bound.args, **bound.kwargs)
 
         if elastic_fit.requested():
-            return elastic_fit.fit(self, attempt, a["initial_epoch"])
+            return elastic_fit.fit(self, attempt, a["initial_epoch"], lambda: sharding.first_rows(
+                given["x"], given["y"], given["sample_weight"]))
         return attempt(a["initial_epoch"], [])
 
     @functools.wraps(original_evaluate)
@@ -196,4 +197,4 @@ def install(patches: PatchSet) -> None:
     patches.label("fit/evaluate/predict (inputs sharded, equal steps)")
     patches.label("epoch logs (averaged), callbacks writing files (rank 0 only)")
     if elastic_fit.requested():
-        patches.label("fit goes on after a failed rank (ULFM; commits at every epoch's end)")
+        patches.label(elastic_fit.describe())
