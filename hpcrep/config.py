@@ -297,6 +297,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "(hpcrep/comm/grow.py); under hpcrep run, a lost host that answers again rejoins "
             "through a relaunch from the commit (hpcrep/comm/hosts_back.py). 0: never grow.",
             same_on_all_ranks=True),
+    Setting("HPCREP_ELASTIC_RELAUNCH", _parse_bool, False,
+            "Set by hpcrep run --elastic on every rank: the launcher relaunches a job that "
+            "stops at a commit to grow (hpcrep/comm/hosts_back.py), so transparent mode's fit "
+            "may grow back that way (python -m hpcrep --elastic, HPCREP_ELASTIC_MAX_NP). Not "
+            "for users to set: without hpcrep run nothing would relaunch the job.",
+            same_on_all_ranks=True),
     Setting("HPCREP_ELASTIC_MIN_NP", int, 1,
             "In-process elastic (ULFM; hpcrep run --min-np sets it): if fewer ranks than this "
             "survive a failure, they stop (exit status 76) with a message instead of going on; "

@@ -140,9 +140,10 @@ def _plan(want: int) -> Optional[Plan]:
 
 def stop_to_relaunch(plan: Plan) -> None:
     """End this process (``SystemExit(0)``, so that exit handlers and ``MPI_Finalize`` run) for
-    ``hpcrep run`` to relaunch the job onto ``plan.healed`` and the hosts it runs on, from the
-    commit that made the plan (already in ``HPCREP_ELASTIC_DIR``). Rank 0 writes the request and
-    logs one line; no rank leaves before it is written.
+    ``hpcrep run`` to relaunch the job onto ``plan.healed`` and the hosts it runs on (or, for a
+    plan of free slots, which the transparent ``fit`` cannot spawn into, onto the same hosts),
+    from the commit that made the plan (already in ``HPCREP_ELASTIC_DIR``). Rank 0 writes the
+    request and logs one line; no rank leaves before it is written.
 
     Collective: every rank of the job must call this with the same plan (from :func:`planned`).
 
@@ -152,10 +153,13 @@ def stop_to_relaunch(plan: Plan) -> None:
     """
     directory = config.get("HPCREP_ELASTIC_DIR")
     if world.rank() == 0:
-        hosts_back.request_relaunch(directory, plan.healed, world.size(), max_size())
-        print(f"hpcrep: {', '.join(plan.healed)} answer(s) again: the job stops at this commit "
-              f"({world.size()} ranks) and hpcrep run relaunches it on up to {max_size()} ranks "
-              "from it", file=sys.stderr, flush=True)
+        hosts = plan.healed or tuple(host for host, _ in plan.places)
+        hosts_back.request_relaunch(directory, hosts, world.size(), max_size())
+        why = (f"{', '.join(plan.healed)} answer(s) again" if plan.healed
+               else f"slots are free again ({plan})")
+        print(f"hpcrep: {why}: the job stops at this commit ({world.size()} ranks) and hpcrep "
+              f"run relaunches it on up to {max_size()} ranks from it", file=sys.stderr,
+              flush=True)
     try:
         world.comm().barrier()
     except Exception as exc:

@@ -368,9 +368,12 @@ def _run_elastic(args: argparse.Namespace, env: dict) -> int:
             "hosts": ",".join(f"{h.name}:{h.slots}" for h in where) or None})
         built = build_launch(placed, mpirun=mpirun, settings=[
             ("HPCREP_ELASTIC_DIR", attempt_env["HPCREP_ELASTIC_DIR"]),
-            # transparent mode's fit goes on in the job (python -m hpcrep --elastic); the
-            # survivors stop below --min-np (--max-np passes as HPCREP_ELASTIC_MAX_NP)
-            *([("HPCREP_TRANSPARENT_ELASTIC", "1")] if in_process else []),
+            # transparent mode's fit commits each epoch (python -m hpcrep --elastic): with ULFM
+            # it goes on in the job, without it a relaunch resumes there; a job that stops to
+            # grow is relaunched here; the survivors stop below --min-np (--max-np passes as
+            # HPCREP_ELASTIC_MAX_NP)
+            ("HPCREP_TRANSPARENT_ELASTIC", "1"),
+            ("HPCREP_ELASTIC_RELAUNCH", "1"),
             *([("HPCREP_ELASTIC_MIN_NP", str(args.min_np))]
               if in_process and args.min_np else [])])
         if args.verbose:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 JOB = str(Path(__file__).with_name("elastic_job.py"))
+TRANSPARENT_JOB = str(Path(__file__).with_name("transparent_elastic_job.py"))
 
 
 def hpcrep_run(mpirun, cwd, *argv: str, timeout: float = 300,
@@ -58,6 +59,28 @@ def test_a_killed_rank_is_relaunched_from_the_last_commit_by_one_hpcrep_run(mpir
     assert len(a.files) == 4
     for key in a.files:  # weights, and (through the commit) SGD momentum, carried over
         np.testing.assert_allclose(a[key], b[key], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.timeout(300)
+def test_an_unchanged_keras_script_is_relaunched_from_its_last_epoch(mpirun, scratch):
+    """Transparent mode without ULFM: ``hpcrep run --elastic`` makes ``fit`` commit each epoch
+    to its directory; rank 1 SIGKILLed in epoch 2 ends the job, which is relaunched and resumes
+    at epoch 2 (from the commit of epoch 1): exit 0, one History of the 3 epochs, equal
+    weights."""
+    run = hpcrep_run(mpirun, scratch, "-np", "2", "--elastic", TRANSPARENT_JOB, str(scratch),
+                     env={"KILL_RANK": "1", "KILL_AT": "10"})
+    output = run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 0, output
+    assert os.path.exists(os.path.join(scratch, "death")), output  # rank 1 did die
+    assert "fit commits at every epoch's end to HPCREP_ELASTIC_DIR" in run.stderr, output
+    assert "relaunching 2 rank(s) on this machine from the last commit" in run.stderr, output
+    assert "hpcrep: fit resumes at epoch 2 on 2 ranks from the commit in " in run.stderr, output
+    lines = [line for line in run.stdout.splitlines() if line.startswith("epochs logged")]
+    assert len(lines) == 1 and lines[0].startswith("epochs logged 3; test accuracy"), output
+    weights = [np.load(os.path.join(scratch, f"weights{r}.npz")) for r in (0, 1)]
+    for key in weights[0].files:
+        np.testing.assert_array_equal(weights[0][key], weights[1][key])
+    assert not glob.glob(os.path.join(scratch, ".hpcrep-elastic-*"))
 
 
 @pytest.mark.timeout(300)

@@ -220,3 +220,44 @@ def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch):
     print(f"\ntransparent elastic fit: rank {VICTIM} of {RANKS} SIGKILLed in epoch 2; first "
           f"step of the survivors {took:.3f} s after")
     assert took < 30, took
+
+
+def equal_weights(out: Path, ranks: list[int]) -> None:
+    """Assert that transparent_elastic_job.py's weight files of ``ranks`` (and no others) are
+    there and equal."""
+    assert sorted(p.name for p in out.glob("weights*.npz")) == \
+        sorted(f"weights{r}.npz" for r in ranks)
+    weights = [np.load(out / f"weights{r}.npz") for r in ranks]
+    for other in weights[1:]:
+        for key in weights[0].files:
+            np.testing.assert_array_equal(weights[0][key], other[key])
+
+
+@pytest.mark.timeout(300)
+def test_hpcrep_run_grows_a_transparent_fit_back_through_a_relaunch(ulfm_venv, scratch):
+    """``hpcrep run -np 4 --elastic --max-np 4`` of an unchanged Keras script: rank 3 SIGKILLed
+    in epoch 2; the survivors go on at epoch 2 on 3 ranks, and at that epoch's commit the freed
+    slot makes every rank stop for a relaunch (transparent mode cannot spawn into the job), which
+    resumes at epoch 3 on 4 ranks from the commit on disk: one hpcrep run, exit 0, one History
+    of the 3 epochs, equal weights on the 4 ranks."""
+    argv = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep.cli", "run", "-np", str(RANKS),
+            "--elastic", "--max-np", str(RANKS), str(HERE / "transparent_elastic_job.py"),
+            str(scratch)]
+    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "HPCREP_ULFM_DETECT_TIMEOUT": "3",
+                      "KILL_RANK": "3", "KILL_AT": "10",
+                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env,
+                          cwd=scratch)
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    for line in (f"hpcrep: rank(s) 3 of {RANKS} failed; {RANKS - 1} survivors go on",
+                 f"hpcrep: fit goes on at epoch 2 on {RANKS - 1} ranks",
+                 "hpcrep: slots are free again (1 on ",
+                 f"relaunching {RANKS} rank(s) on this machine from that commit",
+                 f"hpcrep: fit resumes at epoch 3 on {RANKS} ranks from the commit in "):
+        assert line in done.stderr, f"{line!r} missing:\n{output}"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("epochs logged")]
+    assert len(lines) == 1 and lines[0].startswith("epochs logged 3; test accuracy"), output
+    assert float(lines[0].rsplit(" ", 1)[1]) > 0.6, lines
+    equal_weights(scratch, list(range(RANKS)))
+    assert not list(scratch.glob(".hpcrep-elastic-*"))  # hpcrep run's commits, removed at the end
