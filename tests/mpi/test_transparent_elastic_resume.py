@@ -44,13 +44,18 @@ def train(x, y, epochs: int, as_dataset: bool, seed: int = 7):
     return model, history
 
 
-@pytest.mark.parametrize("as_dataset", [False, True], ids=["arrays", "dataset"])
+@pytest.mark.parametrize("as_dataset,scale_lr", [(False, False), (True, False), (False, True)],
+                         ids=["arrays", "dataset", "arrays-scaled-lr"])
 def test_a_relaunched_fit_resumes_from_the_commit_of_its_last_epoch(world, monkeypatch,
-                                                                   tmp_path, as_dataset):
+                                                                   tmp_path, as_dataset,
+                                                                   scale_lr):
+    """With ``HPCREP_TRANSPARENT_SCALE_LR`` the commit holds the rate the script set, and the
+    relaunch scales it once for its own size (as an uninterrupted run did)."""
     r, n = world
     rows = np.random.default_rng(0).normal(size=(32 * n, 5)).astype("float32")
     target = rows.sum(axis=1, keepdims=True)
     monkeypatch.setenv("HPCREP_TRANSPARENT_ELASTIC", "1")
+    monkeypatch.setenv("HPCREP_TRANSPARENT_SCALE_LR", "1" if scale_lr else "0")
     reference, whole = train(rows, target, 4, as_dataset)  # without a directory: no commits
 
     directory = hvd.broadcast_object(str(tmp_path), 0)  # rank 0 writes, every rank resumes
@@ -63,6 +68,8 @@ def test_a_relaunched_fit_resumes_from_the_commit_of_its_last_epoch(world, monke
     np.testing.assert_allclose(resumed.history["loss"], whole.history["loss"], rtol=1e-5)
     assert int(model.optimizer.iterations.numpy()) == \
         int(reference.optimizer.iterations.numpy())  # Adam's state came back with the weights
+    np.testing.assert_allclose(float(model.optimizer.learning_rate.numpy()),
+                               0.01 * (n if scale_lr else 1), rtol=1e-6)
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     gathered = hvd.allgather_object([w.tolist() for w in model.get_weights()])

@@ -30,6 +30,7 @@ import sys
 from typing import Any, Callable, Optional
 
 import keras
+import numpy as np
 
 from hpcrep import comm, config
 from hpcrep.comm import grow, recovery
@@ -105,6 +106,14 @@ class _FitState(TensorFlowKerasState):
     """The transparent ``fit``'s state. It never grows the job in place (a rank spawned to grow
     would run the script from the top, and the others' transparent broadcasts lie behind them);
     under ``hpcrep run --elastic --max-np`` it grows through a relaunch instead."""
+
+    def _snapshot(self) -> dict:
+        """What :meth:`commit` writes to disk: the learning rates as the script set them
+        (:func:`hpcrep.tensorflow._keras.lr_scale.unscaled`), for a relaunch scales them once
+        more for its own number of ranks. The commit in memory keeps them scaled. Local."""
+        with lr_scale.unscaled(self.optimizer):
+            values = [np.array(v.numpy(), copy=True) for v in self.variables()]
+        return {**super()._snapshot(), "values": values}
 
     def check_host_updates(self) -> None:
         """Where ``hpcrep run`` relaunches (``HPCREP_ELASTIC_RELAUNCH``) and the job can grow
