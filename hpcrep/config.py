@@ -262,8 +262,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "a rank (ULFM: Open MPI 5, mpirun --with-ft ulfm), fit commits the model and "
             "optimizer in memory at every epoch's end, and after a failed rank the survivors "
             "go back to that commit, reshard the input to the new number of ranks (the batch "
-            "per rank stays; the global batch shrinks) and go on. Without ULFM: a warning, "
-            "and a failed rank ends the job as usual.", same_on_all_ranks=True),
+            "per rank stays; the global batch shrinks) and go on. With HPCREP_ELASTIC_DIR "
+            "(hpcrep run --elastic sets both) each commit also goes there, with or without "
+            "ULFM, and a fit that finds one resumes from it (a relaunch). Without either: a "
+            "warning, and a failed rank ends the job as usual.", same_on_all_ranks=True),
     Setting("HPCREP_COMPRESSION", _parse_compression, ("none", 0, 0),
             "Transparent mode: how every optimizer's gradients travel. 'none'; 'fp16' (half "
             "the bytes, sums in float16); 'powersgd:R' or 'powersgd:R:W': PowerSGD rank-R "
@@ -295,7 +297,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "the job back up to this many ranks at a commit of @hvd.elastic.run's state, "
             "spawning new ranks into free slots of the hosts the job still runs on "
             "(hpcrep/comm/grow.py); under hpcrep run, a lost host that answers again rejoins "
-            "through a relaunch from the commit (hpcrep/comm/hosts_back.py). 0: never grow.",
+            "through a relaunch from the commit (hpcrep/comm/hosts_back.py). Transparent "
+            "mode's fit grows only through such a relaunch (HPCREP_ELASTIC_RELAUNCH). 0: never "
+            "grow.",
             same_on_all_ranks=True),
     Setting("HPCREP_ELASTIC_RELAUNCH", _parse_bool, False,
             "Set by hpcrep run --elastic on every rank: the launcher relaunches a job that "
