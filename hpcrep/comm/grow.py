@@ -132,7 +132,7 @@ def _plan(want: int) -> Optional[Plan]:
     directory = config.get("HPCREP_ELASTIC_DIR")
     if directory:
         hosts_back.publish_running(directory, running)
-        healed = hosts_back.hosts_back(directory, list(_slots), running)
+        healed = hosts_back.hosts_back(directory, running)
         if healed:
             return Plan((), healed)
     return capacity(_slots, running, want)

@@ -69,13 +69,14 @@ def report_back(directory: str, hosts: Sequence[str]) -> None:
     _write(directory, BACK, {"hosts": sorted({short(h) for h in hosts}), "time": time.time()})
 
 
-def hosts_back(directory: str, first_world: Sequence[str], now: Sequence[str]) -> tuple[str, ...]:
-    """Return the hosts the launcher reported back that the job's first world ran on and that
-    run no rank ``now`` (host names as MPI gives them), sorted. Local."""
+def hosts_back(directory: str, now: Sequence[str]) -> tuple[str, ...]:
+    """Return the hosts the launcher reported back that run no rank ``now`` (short names),
+    sorted. Any host of the launcher's list counts, not only those this job started on: a
+    relaunch that found only some hosts must still grow onto the others when they answer.
+    Local."""
     data = _read(directory, BACK) or {}
-    back = {short(h) for h in data.get("hosts", [])}
     live = {short(h) for h in now}
-    return tuple(sorted(h for h in set(first_world) if short(h) in back and short(h) not in live))
+    return tuple(sorted({short(h) for h in data.get("hosts", [])} - live))
 
 
 def request_relaunch(directory: str, hosts: Sequence[str], size: int, max_size: int) -> None:

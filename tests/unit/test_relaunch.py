@@ -177,12 +177,15 @@ def test_run_elastic_relaunches_a_job_that_stopped_to_grow_on_all_hosts(tmp_path
                and "relaunching 4 rank(s) on node1:2, node2:2" in line for line in lines), lines
 
 
-def test_the_job_sees_only_lost_hosts_of_its_first_world_reported_back(tmp_path):
+def test_the_job_sees_the_hosts_reported_back_that_run_none_of_its_ranks(tmp_path):
+    """Hosts the job never ran on count too: a relaunch that found node1 unreachable started on
+    node2 alone, and must grow onto node1 when it answers."""
     d = str(tmp_path)
-    assert hosts_back.hosts_back(d, ["node1", "node2"], ["node1"]) == ()  # nothing reported
+    assert hosts_back.hosts_back(d, ["node1"]) == ()  # nothing reported
     hosts_back.report_back(d, ["node2.cluster", "node9"])
-    assert hosts_back.hosts_back(d, ["node1", "node2"], ["node1"]) == ("node2",)
-    assert hosts_back.hosts_back(d, ["node1", "node2"], ["node1", "node2"]) == ()
+    assert hosts_back.hosts_back(d, ["node1"]) == ("node2", "node9")
+    assert hosts_back.hosts_back(d, ["node1", "node2.cluster"]) == ("node9",)
+    assert hosts_back.hosts_back(d, ["node1", "node2", "node9"]) == ()
     hosts_back.publish_running(d, ["node1", "node1.cluster"])
     assert hosts_back.running(d) == ["node1"]
 
@@ -200,7 +203,7 @@ def test_heal_watch_probes_only_hosts_without_ranks_and_reports_those_that_answe
     assert watch.check_once() == () and probed == []  # the job has not shrunk: nothing probed
     hosts_back.publish_running(d, ["node1"])
     assert watch.check_once() == ("node2",) and sorted(probed) == ["node2", "node3"]
-    assert hosts_back.hosts_back(d, ["node1", "node2", "node3"], ["node1"]) == ("node2",)
+    assert hosts_back.hosts_back(d, ["node1"]) == ("node2",)
     assert len(lines) == 1 and "node2 answer(s) again" in lines[0]
     watch.check_once()
     assert len(lines) == 1  # said once
