@@ -74,7 +74,8 @@ def test_an_unchanged_keras_script_is_relaunched_from_its_last_epoch(mpirun, scr
     assert os.path.exists(os.path.join(scratch, "death")), output  # rank 1 did die
     assert "fit commits at every epoch's end to HPCREP_ELASTIC_DIR" in run.stderr, output
     assert "relaunching 2 rank(s) on this machine from the last commit" in run.stderr, output
-    assert "hpcrep: fit resumes at epoch 2 on 2 ranks from the commit in " in run.stderr, output
+    assert "hpcrep: fit resumes on 2 ranks from the commit at the end of epoch 1 " in run.stderr, \
+        output
     lines = [line for line in run.stdout.splitlines() if line.startswith("epochs logged")]
     assert len(lines) == 1 and lines[0].startswith("epochs logged 3; test accuracy"), output
     weights = [np.load(os.path.join(scratch, f"weights{r}.npz")) for r in (0, 1)]

@@ -254,7 +254,7 @@ def test_hpcrep_run_grows_a_transparent_fit_back_through_a_relaunch(ulfm_venv, s
                  f"hpcrep: fit goes on at epoch 2 on {RANKS - 1} ranks",
                  "hpcrep: slots are free again (1 on ",
                  f"relaunching {RANKS} rank(s) on this machine from that commit",
-                 f"hpcrep: fit resumes at epoch 3 on {RANKS} ranks from the commit in "):
+                 f"hpcrep: fit resumes on {RANKS} ranks from the commit at the end of epoch 2 "):
         assert line in done.stderr, f"{line!r} missing:\n{output}"
     lines = [line for line in done.stdout.splitlines() if line.startswith("epochs logged")]
     assert len(lines) == 1 and lines[0].startswith("epochs logged 3; test accuracy"), output

@@ -138,8 +138,9 @@ def _resume_point(state: _FitState) -> bool:
         return False
     state.epoch, state.logs = attrs["epoch"], attrs["logs"]
     if comm.rank() == 0:
-        print(f"hpcrep: fit resumes at epoch {state.epoch + 1} on {comm.size()} ranks from the "
-              f"commit in {config.get('HPCREP_ELASTIC_DIR')}", file=sys.stderr, flush=True)
+        print(f"hpcrep: fit resumes on {comm.size()} ranks from the commit at the end of epoch "
+              f"{state.epoch} in {config.get('HPCREP_ELASTIC_DIR')}", file=sys.stderr,
+              flush=True)
     return True
 
 
