@@ -184,9 +184,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "cannot reach (a cut link) until the link returns. 0 runs mpirun unsupervised."),
     Setting("HPCREP_ULFM_DETECT_TIMEOUT", float, 5.0,
             "hpcrep run --elastic on an MPI with ULFM (Open MPI 5): seconds without a heartbeat "
-            "after which ULFM's detector (in a thread of its own, one heartbeat a second) "
-            "declares a rank failed, so that a stopped rank or a cut node is left behind like "
-            "a dead one. 0 turns the detector off (only ranks whose process ends are found)."),
+            "after which ULFM's detector (a heartbeat every third of it, at most 1 s; MPI "
+            "progress from a thread of hpcrep's) declares a rank failed, so that a stopped rank "
+            "or a cut node is left behind like a dead one. The ranks of a cut node are declared "
+            "one after another: a node with 2 ranks is left behind about 3 x this after the cut "
+            "(docs/measurements.md). Shorter recovers sooner; too short declares a busy rank "
+            "dead. 0 turns the detector off (only ranks whose process ends are found)."),
     Setting("HPCREP_MATCH_TIMEOUT", float, 30.0,
             "Compiled path: when ranks queue allreduces in different orders (independent ops of "
             "a TF1 graph), requests are matched by name; if no pending name is pending on every "
