@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 _factors: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
@@ -100,6 +101,18 @@ def unscaled(optimizer: Any) -> Iterator[None]:
         with tf.init_scope():
             for (variable, _), value in zip(rates, scaled):
                 variable.assign(value)
+
+
+def unscaled_values(optimizer: Any, variables: Sequence[Any], values: list) -> list:
+    """Return ``values`` (copies of ``variables``, numpy arrays) with each rate this process
+    scaled among ``optimizer``'s variables divided back by its factor: what :func:`unscaled`
+    would have let a saver read, without reading the variables again. ``values`` itself where
+    nothing was scaled. Local."""
+    factors = {id(variable): f for variable, f in _scaled_rates(optimizer)}
+    if not factors:
+        return values
+    return [np.asarray(value / factors[id(variable)], dtype=value.dtype)
+            if id(variable) in factors else value for variable, value in zip(variables, values)]
 
 
 def rescale_after_load(optimizer: Any) -> None:

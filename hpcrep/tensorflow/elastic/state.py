@@ -30,6 +30,7 @@ class State:
         self._reset_callbacks: list[Callable[[], None]] = []
         self._state_id = next(_state_ids)
         self._resume_checked = False
+        self._read_from_disk: Optional[dict] = None  # committed()'s result, for the resume
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Register functions to call when the job's membership changes (after a shrink or a
@@ -67,19 +68,24 @@ class State:
     def committed(self) -> Optional[dict]:
         """Return what a previous run's last :meth:`commit` of this state wrote to
         ``HPCREP_ELASTIC_DIR`` (a dict: ``attrs``, and ``values`` for variables), or None if
-        nothing was. Local (the file is rank 0's; other ranks may not see it)."""
+        nothing was. Local (the file is rank 0's; other ranks may not see it). The first sync
+        resumes from what this returned, without reading the file again."""
         directory = config.get("HPCREP_ELASTIC_DIR")
         if not directory or not os.path.exists(self._path(directory)):
             return None
         with open(self._path(directory), "rb") as f:
-            return pickle.load(f)
+            self._read_from_disk = pickle.load(f)
+        return self._read_from_disk
 
     def _resume_from_disk(self) -> None:
         """On the first sync, load the last commit written by a previous run into rank 0."""
         if self._resume_checked:
             return
         self._resume_checked = True
-        snapshot = self.committed() if comm.rank() == 0 else None
+        snapshot = None
+        if comm.rank() == 0:
+            snapshot = self._read_from_disk or self.committed()
+            self._read_from_disk = None
         if snapshot is not None:
             self._load_snapshot(snapshot)
             self._check_resumed(self._path(config.get("HPCREP_ELASTIC_DIR")))

@@ -30,7 +30,6 @@ import sys
 from typing import Any, Callable, Optional
 
 import keras
-import numpy as np
 
 from hpcrep import comm, config
 from hpcrep.comm import grow, recovery
@@ -109,10 +108,9 @@ class _FitState(TensorFlowKerasState):
 
     def _snapshot(self) -> dict:
         """What :meth:`commit` writes to disk: the learning rates as the script set them
-        (:func:`hpcrep.tensorflow._keras.lr_scale.unscaled`), for a relaunch scales them once
-        more for its own number of ranks. The commit in memory keeps them scaled. Local."""
-        with lr_scale.unscaled(self.optimizer):
-            values = [np.array(v.numpy(), copy=True) for v in self.variables()]
+        (:func:`hpcrep.tensorflow._keras.lr_scale.unscaled_values`), for a relaunch scales them
+        once more for its own number of ranks. The commit in memory keeps them scaled. Local."""
+        values = lr_scale.unscaled_values(self.optimizer, self.variables(), self._values)
         return {**super()._snapshot(), "values": values}
 
     def check_host_updates(self) -> None:
