@@ -269,6 +269,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "(hpcrep run --elastic sets both) each commit also goes there, with or without "
             "ULFM, and a fit that finds one resumes from it (a relaunch). Without either: a "
             "warning, and a failed rank ends the job as usual.", same_on_all_ranks=True),
+    Setting("HPCREP_ELASTIC_BATCHES_PER_COMMIT", int, 0,
+            "Transparent elastic fit (HPCREP_TRANSPARENT_ELASTIC): also commit after every N "
+            "batches within an epoch, so that a failure loses at most N steps, not an epoch. "
+            "Array input only (without steps_per_epoch): hpcrep then orders each epoch itself "
+            "(a seeded permutation, or the rows in order with shuffle=False; global batches of "
+            "ranks x batch_size rows) and the commit holds the rows done, so a fit resumed on "
+            "any number of ranks trains each of the others exactly once "
+            "(hpcrep/tensorflow/transparent/epoch_order.py). 0: at epoch ends only.",
+            same_on_all_ranks=True),
     Setting("HPCREP_COMPRESSION", _parse_compression, ("none", 0, 0),
             "Transparent mode: how every optimizer's gradients travel. 'none'; 'fp16' (half "
             "the bytes, sums in float16); 'powersgd:R' or 'powersgd:R:W': PowerSGD rank-R "

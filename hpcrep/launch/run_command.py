@@ -55,6 +55,9 @@ _RELAUNCH = ("use --elastic (relaunch from the last commit on the hosts still re
 FEATURE_OPTIONS: tuple[FeatureOption, ...] = (
     FeatureOption("max_np", "--max-np", "HPCREP_ELASTIC_MAX_NP", "elastic training (issue 22)",
                   _RELAUNCH),
+    FeatureOption("batches_per_commit", "--batches-per-commit",
+                  "HPCREP_ELASTIC_BATCHES_PER_COMMIT", "elastic training (issue 22)",
+                  "leave it out (commits at epoch ends)"),
     FeatureOption("timeline_filename", "--timeline-filename", "HPCREP_TIMELINE",
                   "the timeline (issue 23)",
                   "use TensorFlow's profiler (tf.profiler.experimental)"),
@@ -89,7 +92,8 @@ HPCREP_AUTOTUNE (HPCREP_AUTOTUNE_LOG). --elastic (--reset-limit, --min-np, --max
 an MPI that has ULFM (Open MPI 5) the survivors of a failed rank go on in the same job, stop
 below --min-np, and grow back up to --max-np ranks at a commit when slots are free again;
 otherwise the job is relaunched from its last hvd.elastic commit on the hosts still reachable
-(--max-np is refused there).
+(--max-np is refused there). --batches-per-commit N: a transparent fit also commits every N
+batches of array input, so a failure loses at most N steps instead of an epoch.
 
 inside a Slurm allocation srun starts the ranks where the allocation is, so -H and --hostfile
 are an error there (a warning would run ranks elsewhere than you asked): leave them out, or use
@@ -244,6 +248,12 @@ def _check_elastic(options: argparse.Namespace) -> None:
                                or (min_np is not None and max_np < min_np)):
         raise LaunchOptionError(f"--max-np {max_np}: give at least -np ({options.np}) and "
                                 "--min-np")
+    every = getattr(options, "batches_per_commit", None)
+    if every is not None and not elastic:
+        raise LaunchOptionError("--batches-per-commit applies to --elastic (how often a "
+                                "transparent fit commits); add --elastic or leave it out")
+    if every is not None and every < 1:
+        raise LaunchOptionError(f"--batches-per-commit {every}: give 1 or more batches")
     if elastic and getattr(options, "reset_limit", 0) < 0:
         raise LaunchOptionError(f"--reset-limit {options.reset_limit}: give 0 or more "
                                 "relaunches")
@@ -275,6 +285,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "back up to this many at a commit: into free slots of the hosts "
                              "the job still runs on, and onto a lost host that answers again "
                              "(a relaunch from the commit) (HPCREP_ELASTIC_MAX_NP)")
+    parser.add_argument("--batches-per-commit", type=int, default=None, metavar="N",
+                        help="with --elastic, transparent mode: fit also commits every N "
+                             "batches of array input, not only at epoch ends "
+                             "(HPCREP_ELASTIC_BATCHES_PER_COMMIT)")
     parser.add_argument("--timeline-filename", "--timeline", dest="timeline_filename",
                         default=None, metavar="FILE",
                         help="record a merged timeline of every rank's collectives and steps; "

@@ -62,20 +62,25 @@ def test_a_killed_rank_is_relaunched_from_the_last_commit_by_one_hpcrep_run(mpir
 
 
 @pytest.mark.timeout(300)
-def test_an_unchanged_keras_script_is_relaunched_from_its_last_epoch(mpirun, scratch):
+@pytest.mark.parametrize("batches_per_commit", [0, 4], ids=["epoch-commits", "batch-commits"])
+def test_an_unchanged_keras_script_is_relaunched_from_its_last_commit(mpirun, scratch,
+                                                                      batches_per_commit):
     """Transparent mode without ULFM: ``hpcrep run --elastic`` makes ``fit`` commit each epoch
-    to its directory; rank 1 SIGKILLed in epoch 2 ends the job, which is relaunched and resumes
-    at epoch 2 (from the commit of epoch 1): exit 0, one History of the 3 epochs, equal
-    weights."""
-    run = hpcrep_run(mpirun, scratch, "-np", "2", "--elastic", TRANSPARENT_JOB, str(scratch),
-                     env={"KILL_RANK": "1", "KILL_AT": "10"})
+    (and with ``--batches-per-commit 4`` every 4 batches) to its directory; rank 1
+    SIGKILLed before batch 10 of epoch 2 ends the job, which is relaunched and resumes at epoch 2
+    (from the commit of epoch 1, or after batch 8 of epoch 2: its first 8 x 2 x 32 rows): exit
+    0, one History of the 3 epochs, equal weights."""
+    every = ["--batches-per-commit", str(batches_per_commit)] if batches_per_commit else []
+    run = hpcrep_run(mpirun, scratch, "-np", "2", "--elastic", *every, TRANSPARENT_JOB,
+                     str(scratch), env={"KILL_RANK": "1", "KILL_AT": "10"})
     output = run.stdout[-3000:] + run.stderr[-3000:]
     assert run.returncode == 0, output
     assert os.path.exists(os.path.join(scratch, "death")), output  # rank 1 did die
-    assert "fit commits at every epoch's end to HPCREP_ELASTIC_DIR" in run.stderr, output
+    every = "every 4 batches of array input and " if batches_per_commit else ""
+    assert f"fit commits {every}at every epoch's end to HPCREP_ELASTIC_DIR" in run.stderr, output
     assert "relaunching 2 rank(s) on this machine from the last commit" in run.stderr, output
-    assert "hpcrep: fit resumes on 2 ranks from the commit at the end of epoch 1 " in run.stderr, \
-        output
+    where = "after row 512 of epoch 2" if batches_per_commit else "at the end of epoch 1"
+    assert f"hpcrep: fit resumes on 2 ranks from the commit {where} " in run.stderr, output
     lines = [line for line in run.stdout.splitlines() if line.startswith("epochs logged")]
     assert len(lines) == 1 and lines[0].startswith("epochs logged 3; test accuracy"), output
     weights = [np.load(os.path.join(scratch, f"weights{r}.npz")) for r in (0, 1)]

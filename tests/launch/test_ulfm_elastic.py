@@ -186,25 +186,35 @@ def first_step_after_resume(stderr: str, death: float) -> float:
 
 
 @pytest.mark.timeout(300)
-def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch):
-    """``python -m hpcrep --elastic`` runs an unchanged Keras ``fit``; a rank SIGKILLed in the
-    second epoch: the survivors go back to the end of the first, reshard, finish the 3 epochs.
-    ``HPCREP_ELASTIC_MAX_NP`` (what ``hpcrep run --max-np`` sets) leaves it on 3 ranks: only
-    ``@hvd.elastic.run`` grows back (a commit that asked to grow used to end the script)."""
+@pytest.mark.parametrize("batches_per_commit", [0, 4], ids=["epoch-commits", "batch-commits"])
+def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch, batches_per_commit):
+    """``python -m hpcrep --elastic`` runs an unchanged Keras ``fit``; a rank SIGKILLed before
+    batch 10 of the second epoch: the survivors go back to the end of the first (or, with
+    ``HPCREP_ELASTIC_BATCHES_PER_COMMIT=4``, to the commit after batch 8 of the second: its first
+    8 x 4 x 32 rows), reshard, finish the 3 epochs. ``HPCREP_ELASTIC_MAX_NP`` (what ``hpcrep run
+    --max-np`` sets) leaves it on 3 ranks: only ``@hvd.elastic.run`` grows back (a commit that
+    asked to grow used to end the script)."""
     job = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep", "--elastic",
            str(HERE / "transparent_elastic_job.py"), str(scratch)]
     argv = mpirun_command(RANKS, job, mpirun=str(ulfm_venv / "bin" / "mpirun"),
                           extra=["--with-ft", "ulfm", *DETECTOR, "-x", "KILL_RANK", "-x",
-                                 "KILL_AT", "-x", "HPCREP_ELASTIC_MAX_NP"])
+                                 "KILL_AT", "-x", "HPCREP_ELASTIC_MAX_NP", "-x",
+                                 "HPCREP_ELASTIC_BATCHES_PER_COMMIT"])
     env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "KILL_RANK": str(VICTIM),
                       "KILL_AT": "10", "HPCREP_ELASTIC_MAX_NP": str(RANKS),
+                      "HPCREP_ELASTIC_BATCHES_PER_COMMIT": str(batches_per_commit),
                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     output = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
     assert "fit goes on after a failed rank" in done.stderr, output  # the start-up line
-    assert "hpcrep: fit goes on at epoch 2 on 3 ranks (from the commit at the end of epoch 1" \
-        in done.stderr, output
+    if batches_per_commit:
+        assert "commits every 4 batches of array input" in done.stderr, output
+        assert f"hpcrep: fit goes on in epoch 2 on 3 ranks (from the commit after row " \
+            f"{8 * RANKS * 32} of epoch 2;" in done.stderr, output
+    else:
+        assert "hpcrep: fit goes on at epoch 2 on 3 ranks (from the commit at the end of " \
+            "epoch 1;" in done.stderr, output
     # printing stays on rank 0; the History holds the 3 epochs of both attempts
     lines = [line for line in done.stdout.splitlines() if line.startswith("epochs logged")]
     assert len(lines) == 1 and lines[0].startswith("epochs logged 3; test accuracy"), output
@@ -217,8 +227,8 @@ def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch):
         for key in weights[0].files:
             np.testing.assert_array_equal(weights[0][key], other[key])
     took = first_step_after_resume(done.stderr, float((scratch / "death").read_text()))
-    print(f"\ntransparent elastic fit: rank {VICTIM} of {RANKS} SIGKILLed in epoch 2; first "
-          f"step of the survivors {took:.3f} s after")
+    print(f"\ntransparent elastic fit ({batches_per_commit} batches per commit): rank {VICTIM} "
+          f"of {RANKS} SIGKILLed in epoch 2; first step of the survivors {took:.3f} s after")
     assert took < 30, took
 
 

@@ -187,6 +187,16 @@ def test_max_np_is_an_elastic_option_of_at_least_np(tmp_path, scripts):
     assert "HPCREP_ELASTIC_MAX_NP=4" in got.argv
 
 
+def test_batches_per_commit_is_an_elastic_option_of_one_or_more(tmp_path, scripts):
+    plain, _ = scripts
+    with pytest.raises(LaunchOptionError, match="--batches-per-commit applies to --elastic"):
+        launch(tmp_path, ["-np", "2", "--batches-per-commit", "4", plain])
+    with pytest.raises(LaunchOptionError, match="give 1 or more batches"):
+        launch(tmp_path, ["-np", "2", "--elastic", "--batches-per-commit", "0", plain])
+    got = launch(tmp_path, ["-np", "2", "--elastic", "--batches-per-commit", "4", plain])
+    assert "HPCREP_ELASTIC_BATCHES_PER_COMMIT=4" in got.argv
+
+
 def test_slurm_allocation_uses_srun_and_refuses_hosts(tmp_path, scripts):
     plain, explicit = scripts
     slurm = {"SLURM_JOB_ID": "7"}

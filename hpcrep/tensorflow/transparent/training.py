@@ -21,11 +21,13 @@ Each patched call runs inside :func:`.state.keras_loop`; calls that Keras makes 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Optional
 
 import keras
 import numpy as np
+from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
 from hpcrep import comm
 from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
@@ -134,21 +136,42 @@ def install(patches: PatchSet) -> None:
         if getattr(self, "optimizer", None) is not None:
             watch_model(self.optimizer, self)  # the canary reports its non-trainable state too
 
-        def attempt(initial_epoch: int, extra: list) -> Any:
-            """One ``fit`` over the input sharded by the job's rank and size now."""
+        arrays, total_epochs = None, a["epochs"]
+        if elastic_fit.requested():
+            arrays = elastic_fit.arrays_to_order(given["x"], given["y"], given["sample_weight"],
+                                                 a)
+            if arrays is not None and a["validation_split"]:
+                if given["validation_data"] is None:  # as Keras would: the last rows, unshuffled
+                    (given["x"], given["y"], given["sample_weight"]), \
+                        given["validation_data"] = train_validation_split(
+                            (given["x"], given["y"], given["sample_weight"]),
+                            a["validation_split"])
+                    arrays = dataclasses.replace(
+                        arrays, arrays=(given["x"], given["y"], given["sample_weight"]))
+                a["validation_split"] = 0.0
+
+        def attempt(initial_epoch: int, extra: list, data: Any = None,
+                    epochs: Optional[int] = None) -> Any:
+            """One ``fit`` over the input sharded by the job's rank and size now, or over
+            ``data`` (this rank's rows, ordered by :mod:`.elastic_fit`), to ``epochs``."""
             r, n = comm.rank(), comm.size()
-            a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
-                given["x"], [given["y"], given["sample_weight"]], r, n, equal=True)
+            if data is None:
+                a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
+                    given["x"], [given["y"], given["sample_weight"]], r, n, equal=True)
+            else:
+                a["x"], a["y"], a["sample_weight"] = data, None, None
+                a["batch_size"], a["shuffle"] = None, False
             a["validation_data"] = _shard_validation(given["validation_data"], r, n)
             a["callbacks"] = distributed_callbacks(given["callbacks"], checkpoint) + extra
             a["initial_epoch"] = initial_epoch
+            a["epochs"] = total_epochs if epochs is None else epochs
             _quiet_off_root(a)
             with keras_loop():
                 return original_fit(*bound.args, **bound.kwargs)
 
         if elastic_fit.requested():
             return elastic_fit.fit(self, attempt, a["initial_epoch"], lambda: sharding.first_rows(
-                given["x"], given["y"], given["sample_weight"]))
+                given["x"], given["y"], given["sample_weight"]), arrays)
         return attempt(a["initial_epoch"], [])
 
     @functools.wraps(original_evaluate)

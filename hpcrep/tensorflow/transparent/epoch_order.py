@@ -1,0 +1,126 @@
+"""The order in which a transparent ``fit`` trains array rows when it commits between batches
+(``HPCREP_ELASTIC_BATCHES_PER_COMMIT``): hpcrep orders each epoch itself, so that a commit can
+say which rows the epoch has trained, and a ``fit`` resumed from it (after a shrink, or a
+relaunch at another number of ranks) trains each of the others exactly once.
+
+Keras shuffles arrays itself, in an order hpcrep cannot see; here the order of epoch ``e`` is a
+permutation drawn from ``(seed, e)`` (the seed is the same on every rank and is committed), or
+the rows in order where ``fit`` was given ``shuffle=False``. An epoch resumed after row ``d``
+of that order trains rows ``d, d + 1, ...`` in global batches of ``size x batch_size`` rows,
+rank ``r`` taking the ``r``-th slice of each: ``m = (rows - d) // size`` rows per rank (at most
+``size - 1`` rows are dropped, as when Keras shards arrays by rank), the last batch of each
+rank ``m % batch_size`` rows. After ``k`` steps the epoch has trained its first
+``d + size x min(k x batch_size, m)`` rows (:meth:`EpochOrder.rows_after`), on every rank alike.
+
+:class:`OrderedRows` is the ``keras.utils.PyDataset`` a rank's ``fit`` reads those rows from
+(:class:`FollowEpochs` tells it which epoch begins). :class:`EpochOrder` takes the number of
+ranks and a rank as arguments, so that it can be tested in one process. Nothing here
+communicates; :mod:`.elastic_fit` uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hpcrep.errors import TransparentModeError
+
+
+class EpochOrder:
+    """Which rows each rank trains in each step of each epoch (see the module's docstring)."""
+
+    def __init__(self, rows: int, batch_size: int, size: int, seed: int, shuffle: bool) -> None:
+        if batch_size < 1:
+            raise TransparentModeError(f"batch_size {batch_size} is not a positive number of "
+                                       "rows; pass batch_size >= 1 to fit.")
+        self.rows, self.batch_size, self.size = rows, batch_size, size
+        self.seed, self.shuffle = seed, shuffle
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Return the order of the rows in ``epoch`` (the same on every rank)."""
+        if not self.shuffle:
+            return np.arange(self.rows)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.rows)
+
+    def rows_per_rank(self, start_row: int) -> int:
+        """Return how many rows each rank trains in an epoch resumed after ``start_row`` rows."""
+        return max(self.rows - start_row, 0) // self.size
+
+    def steps(self, start_row: int = 0) -> int:
+        """Return the number of steps of an epoch resumed after ``start_row`` rows."""
+        return -(-self.rows_per_rank(start_row) // self.batch_size)
+
+    def rows_after(self, start_row: int, steps: int) -> int:
+        """Return how many rows of the epoch's order are trained once ``steps`` steps of an
+        epoch resumed after ``start_row`` rows have run (on every rank)."""
+        return start_row + self.size * min(steps * self.batch_size,
+                                           self.rows_per_rank(start_row))
+
+    def rank_rows(self, epoch: int, rank: int, start_row: int = 0) -> np.ndarray:
+        """Return the indices of the rows ``rank`` trains in ``epoch`` resumed after
+        ``start_row`` rows, in the order of its batches."""
+        remaining = self.permutation(epoch)[start_row:]
+        per_rank, batch = self.rows_per_rank(start_row), self.batch_size
+        pieces = []
+        for step in range(self.steps(start_row)):
+            rows = min(batch, per_rank - step * batch)  # this step's batch, on every rank
+            first = self.size * batch * step + rank * rows
+            pieces.append(remaining[first:first + rows])
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+
+class OrderedRows(keras.utils.PyDataset):
+    """A rank's batches of array input in :class:`EpochOrder`'s order: ``(x, y, sample_weight)``
+    less trailing Nones, each a structure of arrays (numpy or tensors) indexed by row.
+
+    Its epochs start at ``first_epoch`` (resumed after ``start_row`` rows; the later epochs
+    whole). ``fit`` must tell it which epoch begins (:meth:`begin_epoch`, from a callback's
+    ``on_epoch_begin``, which runs before the epoch's first batch is read) and must not shuffle
+    it (``shuffle=False``). Local."""
+
+    def __init__(self, arrays: tuple, order: EpochOrder, rank: int, first_epoch: int,
+                 start_row: int = 0) -> None:
+        super().__init__(workers=1, use_multiprocessing=False)
+        self.arrays = tuple(None if a is None else tf.nest.map_structure(np.asarray, a)
+                            for a in arrays)
+        while self.arrays and self.arrays[-1] is None:
+            self.arrays = self.arrays[:-1]
+        self.order, self.rank = order, rank
+        self.first_epoch, self.start_row = first_epoch, start_row
+        self.begin_epoch(first_epoch)
+
+    def start_of(self, epoch: int) -> int:
+        """Return how many rows of ``epoch``'s order were trained before this ``fit`` began."""
+        return self.start_row if epoch == self.first_epoch else 0
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Serve ``epoch``'s rows from now on."""
+        self.epoch = epoch
+        self._rows = self.order.rank_rows(epoch, self.rank, self.start_of(epoch))
+
+    @property
+    def num_batches(self) -> Optional[int]:
+        return self.order.steps(self.start_of(self.first_epoch))
+
+    def __len__(self) -> int:
+        return int(self.num_batches or 0)
+
+    def __getitem__(self, index: int) -> Any:
+        batch = self.order.batch_size
+        rows = self._rows[index * batch:(index + 1) * batch]
+        return tuple(None if a is None else tf.nest.map_structure(lambda v: v[rows], a)
+                     for a in self.arrays)
+
+
+class FollowEpochs(keras.callbacks.Callback):
+    """Tells an :class:`OrderedRows` which epoch begins (every rank)."""
+
+    def __init__(self, data: OrderedRows) -> None:
+        super().__init__()
+        self.data = data
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+        self.data.begin_epoch(epoch)
