@@ -2,11 +2,13 @@
 (hpcrep/tensorflow/transparent/epoch_order.py): every row once per epoch over the ranks, also
 across a change of the number of ranks mid-epoch, and served to Keras epoch by epoch."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
 
-from hpcrep.tensorflow.transparent.epoch_order import EpochOrder, FollowEpochs, OrderedRows
+from hpcrep.tensorflow.transparent.epoch_order import EpochOrder, OrderedRows
 
 
 def trained(order: EpochOrder, epoch: int, start_row: int, steps: int) -> list[int]:
@@ -59,40 +61,40 @@ def test_the_order_is_the_seeds_and_changes_each_epoch_or_is_in_order_without_sh
     np.testing.assert_array_equal(in_order.rank_rows(0, 1)[:4], [4, 5, 6, 7])
 
 
-class Served(OrderedRows):
-    """Records which rows Keras reads, and in which epoch, from train begin on (building its
-    tf.data pipeline, Keras reads the first batches once to learn their shapes)."""
-
-    def __init__(self, *args, **kwargs):
-        self.read: dict[int, list[int]] = {}
-        super().__init__(*args, **kwargs)
-
-    def __getitem__(self, index):
-        batch = super().__getitem__(index)
-        self.read.setdefault(self.epoch, []).extend(batch[0][:, 0].astype(int).tolist())
-        return batch
-
-
-def forget(data: Served) -> keras.callbacks.Callback:
-    return keras.callbacks.LambdaCallback(on_train_begin=lambda logs=None: data.read.clear())
-
-
-def test_keras_reads_each_epochs_own_rows_through_the_py_dataset():
-    """A real ``fit`` over :class:`OrderedRows` (tf.data prefetches from it): each epoch reads
-    exactly its own rows, a resumed first epoch only its rest."""
-    x = np.stack([np.arange(40), np.linspace(0, 1, 40)], axis=1).astype("float32")
+def test_the_pipeline_yields_each_epochs_own_rows_and_a_resumed_epoch_its_rest():
+    """:class:`OrderedRows`' dataset, read as ``fit`` reads it (``steps_per_epoch`` batches an
+    epoch, on through the epochs): each epoch's batches hold exactly its own rows, in order."""
+    x = np.stack([np.arange(42), np.linspace(0, 1, 42)], axis=1).astype("float32")
     y = x[:, 1:] * 2
+    order = EpochOrder(42, 4, 2, seed=3, shuffle=True)
+    rest = OrderedRows((x, y, None), order, rank=1, first_epoch=1, last_epoch=2, start_row=8)
+    assert rest.num_batches == 5  # (42 - 8) // 2 = 17 rows: 4 + 4 + 4 + 4 + 1
+    batches = list(rest.dataset.as_numpy_iterator())
+    assert len(batches) == 5 and [len(b[0]) for b in batches] == [4, 4, 4, 4, 1]
+    assert np.concatenate([b[0][:, 0] for b in batches]).astype(int).tolist() == \
+        order.rank_rows(1, 1, 8).tolist()
+    np.testing.assert_allclose(batches[0][1], batches[0][0][:, 1:] * 2)  # y follows x
+    whole = OrderedRows((x, y), order, rank=1, first_epoch=2, last_epoch=5)
+    assert whole.num_batches == 6 and whole.dataset.cardinality() == 18
+    read = [b[0][:, 0].astype(int).tolist() for b in whole.dataset.as_numpy_iterator()]
+    for k, epoch in enumerate((2, 3, 4)):
+        got = sum(read[k * 6:(k + 1) * 6], [])
+        assert got == order.rank_rows(epoch, 1).tolist(), epoch
+    assert read[0] != read[6]
+    with pytest.raises(ValueError, match="a fit of its own"):
+        OrderedRows((x, y), order, rank=0, first_epoch=1, last_epoch=3, start_row=8)
+
+
+def test_keras_fit_reads_the_epochs_through_steps_per_epoch():
+    """A real ``fit`` over the pipeline (``steps_per_epoch=num_batches``) trains every epoch's
+    batches: as many steps as the epochs have, and no data left unread or missing."""
+    x = np.stack([np.arange(40), np.linspace(0, 1, 40)], axis=1).astype("float32")
     order = EpochOrder(40, 4, 2, seed=3, shuffle=True)
+    data = OrderedRows((x, x[:, 1:] * 2), order, rank=0, first_epoch=0, last_epoch=3)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    data = Served((x, y), order, rank=1, first_epoch=1, start_row=8)
-    model.fit(data, epochs=2, initial_epoch=1, shuffle=False, verbose=0,
-              callbacks=[FollowEpochs(data), forget(data)])
-    whole = Served((x, y), order, rank=1, first_epoch=2)
-    model.fit(whole, epochs=5, initial_epoch=2, shuffle=False, verbose=0,
-              callbacks=[FollowEpochs(whole), forget(whole)])
-    assert data.read[1] == order.rank_rows(1, 1, 8).tolist()  # the rest of the epoch
-    assert len(data.read[1]) == 16
-    for epoch in (2, 3, 4):
-        assert whole.read[epoch] == order.rank_rows(epoch, 1).tolist(), epoch
-    assert whole.read[2] != whole.read[3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Keras warns where the input ran out of data
+        history = model.fit(data.dataset, steps_per_epoch=data.num_batches, epochs=3,
+                            shuffle=False, verbose=0)
+    assert len(history.epoch) == 3 and int(model.optimizer.iterations.numpy()) == 3 * 5

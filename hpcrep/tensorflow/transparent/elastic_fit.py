@@ -49,7 +49,7 @@ from hpcrep import comm, config
 from hpcrep.comm import grow, recovery
 from hpcrep.tensorflow._keras import lr_scale
 from hpcrep.tensorflow._keras.elastic import TensorFlowKerasState
-from hpcrep.tensorflow.transparent.epoch_order import EpochOrder, FollowEpochs, OrderedRows
+from hpcrep.tensorflow.transparent.epoch_order import EpochOrder, OrderedRows
 from hpcrep.tensorflow.transparent.sharding import count_rows, kind_of
 from hpcrep.tensorflow.variables import broadcast_object
 
@@ -102,6 +102,8 @@ def arrays_to_order(x: Any, y: Any, sample_weight: Any, arguments: dict
         why = f"its input is a {kind_of(x)}, not arrays"
     elif arguments.get("steps_per_epoch"):
         why = "it was given steps_per_epoch"
+    elif y is None and sample_weight is not None:
+        why = "it has sample_weight without y"
     if why is None:
         return ArraysToOrder((x, y, sample_weight), arguments.get("batch_size") or 32,
                              arguments.get("shuffle", True) is not False,
@@ -115,7 +117,7 @@ def arrays_to_order(x: Any, y: Any, sample_weight: Any, arguments: dict
 
 
 class _CommitEachEpoch(keras.callbacks.Callback):
-    """Commits the state at every epoch's end and, reading ``data`` (:class:`OrderedRows`),
+    """Commits the state at every epoch's end and, following ``data`` (:class:`OrderedRows`),
     after every ``every`` steps within an epoch (not after its last: its end commits). Every
     rank alike: the commits are collective where they go to disk or can grow the job."""
 
@@ -225,10 +227,12 @@ class ArraysToOrder:
     epochs: int
 
     def data(self, state: _FitState, start_row: int) -> OrderedRows:
-        """This rank's rows from ``state.epoch`` on, after ``start_row`` rows of it. Local."""
+        """This rank's rows from ``state.epoch`` on: the rest of it after ``start_row`` rows
+        (that epoch alone), or every epoch to the end. Local."""
         order = EpochOrder(count_rows(self.arrays[0]), self.batch_size, comm.size(), state.seed,
                            self.shuffle)
-        return OrderedRows(self.arrays, order, comm.rank(), state.epoch, start_row)
+        last = state.epoch + 1 if start_row else max(self.epochs, state.epoch)
+        return OrderedRows(self.arrays, order, comm.rank(), state.epoch, last, start_row)
 
 
 def _attempt(attempt: Callable[..., Any], state: _FitState, first: list,
@@ -243,8 +247,7 @@ def _attempt(attempt: Callable[..., Any], state: _FitState, first: list,
     if state.rows:  # the rest of the commit's epoch: a fit of its own (it has fewer steps)
         data = arrays.data(state, state.rows)
         if data.num_batches:
-            history = attempt(state.epoch, [FollowEpochs(data), *first,
-                                            _CommitEachEpoch(state, data, every)],
+            history = attempt(state.epoch, [*first, _CommitEachEpoch(state, data, every)],
                               data=data, epochs=state.epoch + 1)
             first = []
         else:  # a relaunch on more ranks than rows were left: they are dropped
@@ -256,8 +259,8 @@ def _attempt(attempt: Callable[..., Any], state: _FitState, first: list,
             state.epoch, state.rows = state.epoch + 1, 0
     if state.epoch < arrays.epochs or history is None:
         data = arrays.data(state, 0)
-        history = attempt(state.epoch, [FollowEpochs(data), *first,
-                                        _CommitEachEpoch(state, data, every)], data=data)
+        history = attempt(state.epoch, [*first, _CommitEachEpoch(state, data, every)],
+                          data=data)
     return history
 
 
@@ -272,9 +275,10 @@ def fit(model: Any, attempt: Callable[..., Any], initial_epoch: int,
 
     With ``arrays`` (``HPCREP_ELASTIC_BATCHES_PER_COMMIT`` and array input) hpcrep orders the
     epochs (:mod:`.epoch_order`) and commits between batches too: ``attempt`` is then called
-    with ``data=`` this rank's :class:`OrderedRows` to train on instead of its sharded input,
-    and ``epochs=`` where it must stop early (the rest of an epoch whose start was trained
-    before the commit runs as a ``fit`` of its own).
+    with ``data=`` this rank's :class:`OrderedRows` to train on instead of its sharded input
+    (its ``dataset``, ``num_batches`` steps an epoch), and ``epochs=`` where it must stop
+    early (the rest of an epoch whose start was trained before the commit runs as a ``fit`` of
+    its own).
 
     Collective: every rank of the job calls it (the patched ``fit`` does).
     """

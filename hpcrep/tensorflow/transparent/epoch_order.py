@@ -12,17 +12,16 @@ rank ``r`` taking the ``r``-th slice of each: ``m = (rows - d) // size`` rows pe
 rank ``m % batch_size`` rows. After ``k`` steps the epoch has trained its first
 ``d + size x min(k x batch_size, m)`` rows (:meth:`EpochOrder.rows_after`), on every rank alike.
 
-:class:`OrderedRows` is the ``keras.utils.PyDataset`` a rank's ``fit`` reads those rows from
-(:class:`FollowEpochs` tells it which epoch begins). :class:`EpochOrder` takes the number of
-ranks and a rank as arguments, so that it can be tested in one process. Nothing here
-communicates; :mod:`.elastic_fit` uses it.
+:class:`OrderedRows` is the ``tf.data`` pipeline a rank's ``fit`` reads those rows from (the
+rows gathered in the pipeline: a Python ``PyDataset`` doubled the step time of a small model).
+:class:`EpochOrder` takes the number of ranks and a rank as arguments, so that it can be
+tested in one process. Nothing here communicates; :mod:`.elastic_fit` uses it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -72,55 +71,54 @@ class EpochOrder:
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
 
 
-class OrderedRows(keras.utils.PyDataset):
-    """A rank's batches of array input in :class:`EpochOrder`'s order: ``(x, y, sample_weight)``
-    less trailing Nones, each a structure of arrays (numpy or tensors) indexed by row.
+class OrderedRows:
+    """A rank's array input in :class:`EpochOrder`'s order, for ``fit``: :attr:`dataset` yields
+    its batches of ``(x, y, sample_weight)`` (less trailing Nones; each a structure of arrays
+    indexed by row) epoch after epoch, from ``first_epoch`` (resumed after ``start_row`` rows)
+    up to ``last_epoch`` (exclusive), :attr:`num_batches` batches an epoch: give ``fit`` both
+    (``steps_per_epoch=num_batches``: Keras then reads on through the epochs). A resumed first
+    epoch has fewer batches than whole ones, so it must be a ``fit`` of its own
+    (``last_epoch = first_epoch + 1``).
 
-    Its epochs start at ``first_epoch`` (resumed after ``start_row`` rows; the later epochs
-    whole). ``fit`` must tell it which epoch begins (:meth:`begin_epoch`, from a callback's
-    ``on_epoch_begin``, which runs before the epoch's first batch is read) and must not shuffle
-    it (``shuffle=False``). Local."""
+    The rows are gathered in the tf.data pipeline; each epoch's order is computed once, when the
+    pipeline reaches it. Local."""
 
     def __init__(self, arrays: tuple, order: EpochOrder, rank: int, first_epoch: int,
-                 start_row: int = 0) -> None:
-        super().__init__(workers=1, use_multiprocessing=False)
-        self.arrays = tuple(None if a is None else tf.nest.map_structure(np.asarray, a)
-                            for a in arrays)
-        while self.arrays and self.arrays[-1] is None:
-            self.arrays = self.arrays[:-1]
+                 last_epoch: int, start_row: int = 0) -> None:
+        arrays = tuple(arrays)
+        while arrays and arrays[-1] is None:
+            arrays = arrays[:-1]
+        if start_row and last_epoch != first_epoch + 1:
+            raise ValueError("an epoch resumed mid-way has fewer batches than the others: "
+                             "give it a fit of its own (last_epoch = first_epoch + 1)")
         self.order, self.rank = order, rank
-        self.first_epoch, self.start_row = first_epoch, start_row
-        self.begin_epoch(first_epoch)
+        self.first_epoch, self.last_epoch, self.start_row = first_epoch, last_epoch, start_row
+        self.num_batches = order.steps(start_row)
+        self.dataset = self._pipeline(arrays)
 
     def start_of(self, epoch: int) -> int:
         """Return how many rows of ``epoch``'s order were trained before this ``fit`` began."""
         return self.start_row if epoch == self.first_epoch else 0
 
-    def begin_epoch(self, epoch: int) -> None:
-        """Serve ``epoch``'s rows from now on."""
-        self.epoch = epoch
-        self._rows = self.order.rank_rows(epoch, self.rank, self.start_of(epoch))
+    def _rows_of(self, epoch: Any) -> np.ndarray:
+        epoch = int(epoch)
+        return self.order.rank_rows(epoch, self.rank, self.start_of(epoch)).astype(np.int64)
 
-    @property
-    def num_batches(self) -> Optional[int]:
-        return self.order.steps(self.start_of(self.first_epoch))
+    def _pipeline(self, arrays: tuple) -> tf.data.Dataset:
+        tensors = tuple(None if a is None else tf.nest.map_structure(tf.convert_to_tensor, a)
+                        for a in arrays)
 
-    def __len__(self) -> int:
-        return int(self.num_batches or 0)
+        def batches_of(epoch: tf.Tensor) -> tf.data.Dataset:
+            rows = tf.py_function(self._rows_of, [epoch], tf.int64)
+            rows.set_shape([None])
+            return tf.data.Dataset.from_tensor_slices(rows).batch(self.order.batch_size)
 
-    def __getitem__(self, index: int) -> Any:
-        batch = self.order.batch_size
-        rows = self._rows[index * batch:(index + 1) * batch]
-        return tuple(None if a is None else tf.nest.map_structure(lambda v: v[rows], a)
-                     for a in self.arrays)
+        def gather(rows: tf.Tensor) -> tuple:
+            return tuple(None if t is None else tf.nest.map_structure(
+                lambda v: tf.gather(v, rows), t) for t in tensors)
 
-
-class FollowEpochs(keras.callbacks.Callback):
-    """Tells an :class:`OrderedRows` which epoch begins (every rank)."""
-
-    def __init__(self, data: OrderedRows) -> None:
-        super().__init__()
-        self.data = data
-
-    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
-        self.data.begin_epoch(epoch)
+        epochs = tf.data.Dataset.range(self.first_epoch, self.last_epoch)
+        dataset = epochs.flat_map(batches_of).map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+        total = self.num_batches * max(self.last_epoch - self.first_epoch, 0)
+        return dataset.apply(tf.data.experimental.assert_cardinality(total)).prefetch(
+            tf.data.AUTOTUNE)

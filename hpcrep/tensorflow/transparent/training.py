@@ -159,8 +159,9 @@ def install(patches: PatchSet) -> None:
                 a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
                     given["x"], [given["y"], given["sample_weight"]], r, n, equal=True)
             else:
-                a["x"], a["y"], a["sample_weight"] = data, None, None
+                a["x"], a["y"], a["sample_weight"] = data.dataset, None, None
                 a["batch_size"], a["shuffle"] = None, False
+                a["steps_per_epoch"] = data.num_batches
             a["validation_data"] = _shard_validation(given["validation_data"], r, n)
             a["callbacks"] = distributed_callbacks(given["callbacks"], checkpoint) + extra
             a["initial_epoch"] = initial_epoch
