@@ -3,9 +3,11 @@
 say which rows the epoch has trained, and a ``fit`` resumed from it (after a shrink, or a
 relaunch at another number of ranks) trains each of the others exactly once.
 
-Keras shuffles arrays itself, in an order hpcrep cannot see; here the order of epoch ``e`` is a
-permutation drawn from ``(seed, e)`` (the seed is the same on every rank and is committed), or
-the rows in order where ``fit`` was given ``shuffle=False``. An epoch resumed after row ``d``
+Keras shuffles arrays itself, in an order hpcrep cannot see; here the order of epoch ``e`` is
+TensorFlow's stateless shuffle of the rows with the seed ``(seed, e)`` (the seed is the same on
+every rank and is committed; a relaunch with another TensorFlow version may order the rest of
+an epoch otherwise, which still trains each of its rows once), or the rows in order where
+``fit`` was given ``shuffle=False``. An epoch resumed after row ``d``
 of that order trains rows ``d, d + 1, ...`` in global batches of ``size x batch_size`` rows,
 rank ``r`` taking the ``r``-th slice of each: ``m = (rows - d) // size`` rows per rank (at most
 ``size - 1`` rows are dropped, as when Keras shards arrays by rank), the last batch of each
@@ -39,10 +41,27 @@ class EpochOrder:
         self.seed, self.shuffle = seed, shuffle
 
     def permutation(self, epoch: int) -> np.ndarray:
-        """Return the order of the rows in ``epoch`` (the same on every rank)."""
+        """Return the order of the rows in ``epoch``, the same on every rank."""
+        return self.permutation_tensor(epoch).numpy()
+
+    def permutation_tensor(self, epoch: Any) -> tf.Tensor:
+        """:meth:`permutation` as a tensor (``epoch`` an int, or a scalar tensor inside a
+        ``tf.data`` pipeline): TensorFlow's stateless shuffle of ``(seed, epoch)``, so that the
+        pipeline computes it without Python."""
+        rows = tf.range(self.rows, dtype=tf.int64)
         if not self.shuffle:
-            return np.arange(self.rows)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.rows)
+            return rows
+        seed = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(epoch, tf.int64)])
+        return tf.random.experimental.stateless_shuffle(rows, seed=seed)
+
+    def rank_rows_tensor(self, epoch: Any, rank: int, start_row: int = 0) -> tf.Tensor:
+        """:meth:`rank_rows` as TensorFlow ops (``epoch`` may be a tensor)."""
+        remaining = self.permutation_tensor(epoch)[start_row:]
+        per_rank, batch, size = self.rows_per_rank(start_row), self.batch_size, self.size
+        full, last = divmod(per_rank, batch)  # whole batches, then one of ``last`` rows
+        whole = tf.reshape(remaining[:full * size * batch], [full, size, batch])[:, rank, :]
+        tail = remaining[full * size * batch + rank * last:full * size * batch + (rank + 1) * last]
+        return tf.concat([tf.reshape(whole, [-1]), tail], axis=0)
 
     def rows_per_rank(self, start_row: int) -> int:
         """Return how many rows each rank trains in an epoch resumed after ``start_row`` rows."""
@@ -80,8 +99,9 @@ class OrderedRows:
     epoch has fewer batches than whole ones, so it must be a ``fit`` of its own
     (``last_epoch = first_epoch + 1``).
 
-    The rows are gathered in the tf.data pipeline; each epoch's order is computed once, when the
-    pipeline reaches it. Local."""
+    The pipeline is TensorFlow ops only, built as Keras builds its own for arrays: each epoch's
+    order computed once, when the pipeline reaches it, and the rows gathered in a parallel map.
+    Local."""
 
     def __init__(self, arrays: tuple, order: EpochOrder, rank: int, first_epoch: int,
                  last_epoch: int, start_row: int = 0) -> None:
@@ -100,25 +120,21 @@ class OrderedRows:
         """Return how many rows of ``epoch``'s order were trained before this ``fit`` began."""
         return self.start_row if epoch == self.first_epoch else 0
 
-    def _rows_of(self, epoch: Any) -> np.ndarray:
-        epoch = int(epoch)
-        return self.order.rank_rows(epoch, self.rank, self.start_of(epoch)).astype(np.int64)
-
     def _pipeline(self, arrays: tuple) -> tf.data.Dataset:
-        tensors = tuple(None if a is None else tf.nest.map_structure(tf.convert_to_tensor, a)
-                        for a in arrays)
+        tensors = tuple(tf.nest.map_structure(tf.convert_to_tensor, a) for a in arrays)
 
         def batches_of(epoch: tf.Tensor) -> tf.data.Dataset:
-            rows = tf.py_function(self._rows_of, [epoch], tf.int64)
-            rows.set_shape([None])
+            rows = self.order.rank_rows_tensor(epoch, self.rank, self.start_row)
             return tf.data.Dataset.from_tensor_slices(rows).batch(self.order.batch_size)
 
-        def gather(rows: tf.Tensor) -> tuple:
-            return tuple(None if t is None else tf.nest.map_structure(
-                lambda v: tf.gather(v, rows), t) for t in tensors)
+        def gather(rows: tf.Tensor, data: tuple) -> tuple:
+            return tf.nest.map_structure(lambda v: tf.gather(v, rows), data)
 
-        epochs = tf.data.Dataset.range(self.first_epoch, self.last_epoch)
-        dataset = epochs.flat_map(batches_of).map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+        # The arrays enter as a dataset element, as Keras's own array adapter feeds them.
+        batches = tf.data.Dataset.range(self.first_epoch, self.last_epoch).flat_map(batches_of)
+        whole = tf.data.Dataset.from_tensors(tensors).repeat()
+        dataset = tf.data.Dataset.zip((batches, whole)).map(
+            gather, num_parallel_calls=tf.data.AUTOTUNE)
         total = self.num_batches * max(self.last_epoch - self.first_epoch, 0)
         return dataset.apply(tf.data.experimental.assert_cardinality(total)).prefetch(
             tf.data.AUTOTUNE)
