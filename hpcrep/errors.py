@@ -134,3 +134,10 @@ class RankFailedError(HpcrepError, RuntimeError):
     whose MPI lets the survivors go on (ULFM: :mod:`hpcrep.comm.recovery`). Horovod's
     ``HorovodInternalError``: under ``@hvd.elastic.run`` the survivors shrink the job, return
     to the last commit and go on; elsewhere it ends the program like any exception."""
+
+
+class GrowFailedError(HpcrepError, RuntimeError):
+    """A rank failed while the job grew back (:func:`hpcrep.comm.grow.grow`, inside
+    ``MPI_Comm_spawn``). The job cannot shrink there: the spawn's root waits for the spawned
+    ranks, which wait for every parent, for good. So it ends (the rank that raises this aborts
+    it), and ``hpcrep run --elastic`` relaunches it from the last commit."""

@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from hpcrep import config
 from hpcrep.comm import hosts_back, recovery, watchdog, world
+from hpcrep.errors import GrowFailedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +179,10 @@ def grow(plan: Plan) -> Growth:
     sync: no other collective may come first in the program).
 
     Collective: every rank of the job must call this with the same plan (from :func:`planned`).
+
+    Raises:
+        GrowFailedError: the spawn failed, or a rank failed during it (on the ranks that see
+            it; the first to raise it ends the job).
     """
     MPI = _mpi()
     old_size = world.size()
@@ -187,8 +192,18 @@ def grow(plan: Plan) -> Growth:
     info.Set("wdir", os.getcwd())
     info.Set("PMIX_ENVAR", f"{world.GROW_CHILD_ENV}=1")
     try:
-        link = world.comm().Spawn(sys.executable, list(sys.orig_argv[1:]), plan.count,
-                                  info=info, root=0)
+        # the stall watchdog ends the job if the spawn never returns (a rank lost during it
+        # and no survivor left to abort the job)
+        with watchdog.watching("spawn", (f"{plan.count} rank(s)",)):
+            link = world.comm().Spawn(sys.executable, list(sys.orig_argv[1:]), plan.count,
+                                      info=info, root=0)
+    except Exception as exc:
+        what = "a rank failed" if recovery.note(exc) else f"the spawn failed ({exc})"
+        raise GrowFailedError(
+            f"{what} while the job grew back from {old_size} ranks (spawning {plan}): a job "
+            "cannot shrink in the middle of MPI_Comm_spawn, so it ends here. hpcrep run "
+            "--elastic relaunches it from the last commit; under plain mpirun, run it again "
+            "(it resumes from the commit in HPCREP_ELASTIC_DIR).") from exc
     finally:
         info.Free()
     link.Set_errhandler(MPI.ERRORS_RETURN)

@@ -161,6 +161,39 @@ def test_hpcrep_run_elastic_on_open_mpi_5_goes_on_and_grows_back_to_max_np(ulfm_
 
 
 @pytest.mark.timeout(300)
+def test_a_rank_lost_while_the_job_grows_ends_it_and_hpcrep_run_relaunches_it(ulfm_venv,
+                                                                             scratch):
+    """Rank 1 SIGKILLed as the survivors of rank 2 begin to spawn a rank back into its slot:
+    a job cannot shrink inside ``MPI_Comm_spawn`` (its root would wait for good), so a survivor
+    raises ``GrowFailedError``, which ends the job, and ``hpcrep run --elastic`` relaunches it
+    from the last commit; the relaunch loses rank 2 again, grows back to 4 and finishes."""
+    argv = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep.cli", "run", "-np", str(RANKS),
+            "--elastic", "--max-np", str(RANKS), str(HERE / "ulfm_elastic_job.py"), "--out",
+            str(scratch), "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
+            "--commit-every", "4", "--seed", str(SEED), "--victim", str(VICTIM), "--kill-at",
+            str(KILL_AT), "--kill-in-grow", "1"]
+    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "HPCREP_ULFM_DETECT_TIMEOUT": "3",
+                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    assert (scratch / "killed-in-grow").exists(), output
+    assert "GrowFailedError: a rank failed while the job grew back from 3 ranks (spawning 1 " \
+        "on" in done.stderr, output
+    assert "relaunching 4 rank(s) on this machine from the last commit (relaunch 1 of" \
+        in done.stderr, output
+    assert f"hpcrep: the job grew from {RANKS - 1} to {RANKS} ranks" in done.stderr, output
+    names = [f"rank{r}" for r in range(RANKS) if r != VICTIM] + [f"grown{RANKS - 1}"]
+    results = [json.loads((scratch / f"{n}.json").read_text()) for n in names]
+    assert sorted(r["rank"] for r in results) == list(range(RANKS)), results
+    assert {r["size"] for r in results} == {RANKS}, results
+    weights = [np.load(scratch / f"weights-{n}.npz") for n in names]
+    for other in weights[1:]:
+        for key in weights[0].files:
+            np.testing.assert_array_equal(weights[0][key], other[key])
+
+
+@pytest.mark.timeout(300)
 def test_survivors_below_min_np_stop_with_a_message_and_leave_the_commit(ulfm_venv, scratch):
     """``HPCREP_ELASTIC_MIN_NP=4`` (``hpcrep run --elastic --min-np 4``): when rank 2 is killed
     the 3 survivors do not go on; they say why and exit 76, and the last commit is on disk."""

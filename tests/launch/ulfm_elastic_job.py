@@ -10,7 +10,8 @@ twice, none skipped, in what the model kept). Each survivor writes ``OUT/rank<R>
 rank before and after, step end times, recoveries, test accuracy, rows trained per epoch) and
 ``OUT/weights-rank<R>.npz``; a rank spawned to grow the job back (``HPCREP_ELASTIC_MAX_NP``)
 writes ``OUT/grown<R>.json`` and ``OUT/weights-grown<R>.npz`` (R: its rank when it joined); the
-victim writes ``OUT/death`` (the time it killed itself).
+victim writes ``OUT/death`` (the time it killed itself). ``--kill-in-grow R``: rank R SIGKILLs
+itself as the job begins to grow back (once).
 """
 
 import argparse
@@ -40,6 +41,9 @@ parser.add_argument("--victim", type=int, default=-1, help="rank that SIGKILLs i
 parser.add_argument("--kill-at", type=int, default=20, help="in epoch 0, before this step")
 parser.add_argument("--stop", action="store_true",
                     help="the victim SIGSTOPs itself (a hung rank) instead of SIGKILL")
+parser.add_argument("--kill-in-grow", type=int, default=-1,
+                    help="this rank SIGKILLs itself as the job begins to grow back (once: "
+                         "OUT/killed-in-grow marks it), a failure during MPI_Comm_spawn")
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--print-steps", action="store_true", help="rank 0 prints each step's end")
 parser.add_argument("--epochs-after-relaunch", type=int, default=0,
@@ -52,6 +56,18 @@ hvd.init()
 first_rank, first_size = hvd.rank(), hvd.size()
 spawned = world.spawned_to_grow()  # started by the job to grow back (HPCREP_ELASTIC_MAX_NP)
 name = f"grown{first_rank}" if spawned else f"rank{first_rank}"
+if args.kill_in_grow >= 0 and not spawned:  # a test instrument, not what a job does
+    _grow = grow.grow
+
+    def _die_then_grow(plan):
+        marker = os.path.join(args.out, "killed-in-grow")
+        if hvd.rank() == args.kill_in_grow and not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(f"{time.time():.6f}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _grow(plan)
+
+    grow.grow = _die_then_grow
 keras.utils.set_random_seed(args.seed * 100 + hvd.rank())  # differs until the first sync
 x_train, y_train = fashion_mnist_split("train", args.rows)
 x_test, y_test = fashion_mnist_split("test", args.test_rows)
