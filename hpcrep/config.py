@@ -263,7 +263,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_TRANSPARENT_ELASTIC", _parse_bool, False,
             "Transparent mode (python -m hpcrep --elastic sets it): where the job can outlive "
             "a rank (ULFM: Open MPI 5, mpirun --with-ft ulfm), fit commits the model and "
-            "optimizer in memory at every epoch's end, and after a failed rank the survivors "
+            "optimizer in memory at every epoch's end (and every "
+            "HPCREP_ELASTIC_BATCHES_PER_COMMIT batches), and after a failed rank the survivors "
             "go back to that commit, reshard the input to the new number of ranks (the batch "
             "per rank stays; the global batch shrinks) and go on. With HPCREP_ELASTIC_DIR "
             "(hpcrep run --elastic sets both) each commit also goes there, with or without "
