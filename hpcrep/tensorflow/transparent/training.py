@@ -160,6 +160,8 @@ def install(patches: PatchSet) -> None:
                     given["x"], [given["y"], given["sample_weight"]], r, n, equal=True)
             else:
                 a["x"], a["y"], a["sample_weight"] = data.dataset, None, None
+                a["validation_batch_size"] = (a["validation_batch_size"]
+                                              or data.order.batch_size)  # as Keras defaults it
                 a["batch_size"], a["shuffle"] = None, False
                 a["steps_per_epoch"] = data.num_batches
             a["validation_data"] = _shard_validation(given["validation_data"], r, n)
