@@ -133,8 +133,12 @@ class OrderedRows:
         # The arrays enter as a dataset element, as Keras's own array adapter feeds them.
         batches = tf.data.Dataset.range(self.first_epoch, self.last_epoch).flat_map(batches_of)
         whole = tf.data.Dataset.from_tensors(tensors).repeat()
-        dataset = tf.data.Dataset.zip((batches, whole)).map(
-            gather, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = tf.data.Dataset.zip((batches, whole)).map(gather, num_parallel_calls=2)
         total = self.num_batches * max(self.last_epoch - self.first_epoch, 0)
+        options = tf.data.Options()
+        # Without tf.data's autotuning thread: deleting the iterator at the end of fit waited
+        # for that thread's next wake-up (3-4 s in about half of the 2-rank runs; TF 2.21, as
+        # tests/mpi/test_replicator.py found for its datasets).
+        options.autotune.enabled = False
         return dataset.apply(tf.data.experimental.assert_cardinality(total)).prefetch(
-            tf.data.AUTOTUNE)
+            2).with_options(options)
