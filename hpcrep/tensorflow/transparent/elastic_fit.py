@@ -125,10 +125,10 @@ class _CommitEachEpoch(keras.callbacks.Callback):
                  every: int = 0) -> None:
         super().__init__()
         self.state, self.data, self.every = state, data, every
-        self._epoch, self._committed_at = 0, 0
+        self._committed_at = 0
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
-        self._epoch, self._committed_at = epoch, 0
+        self._committed_at = 0
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if self.data is None or not self.every:
@@ -136,7 +136,8 @@ class _CommitEachEpoch(keras.callbacks.Callback):
         steps = batch + 1  # steps_per_execution > 1 reports the last of its steps
         if steps // self.every > self._committed_at // self.every and \
                 steps < self.data.num_batches:
-            self.state.rows = self.data.order.rows_after(self.data.start_of(self._epoch), steps)
+            # a resumed epoch's rest is a fit of its own: start_row is its first epoch's
+            self.state.rows = self.data.order.rows_after(self.data.start_row, steps)
             self.state.commit()
             self._committed_at = steps
 

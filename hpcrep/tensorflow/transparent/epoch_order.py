@@ -55,7 +55,8 @@ class EpochOrder:
         return tf.random.experimental.stateless_shuffle(rows, seed=seed)
 
     def rank_rows_tensor(self, epoch: Any, rank: int, start_row: int = 0) -> tf.Tensor:
-        """:meth:`rank_rows` as TensorFlow ops (``epoch`` may be a tensor)."""
+        """:meth:`rank_rows` as TensorFlow ops (``epoch`` may be a tensor, inside the pipeline):
+        the whole global batches' r-th slices, then the r-th slice of the last, shorter one."""
         remaining = self.permutation_tensor(epoch)[start_row:]
         per_rank, batch, size = self.rows_per_rank(start_row), self.batch_size, self.size
         full, last = divmod(per_rank, batch)  # whole batches, then one of ``last`` rows
@@ -80,14 +81,7 @@ class EpochOrder:
     def rank_rows(self, epoch: int, rank: int, start_row: int = 0) -> np.ndarray:
         """Return the indices of the rows ``rank`` trains in ``epoch`` resumed after
         ``start_row`` rows, in the order of its batches."""
-        remaining = self.permutation(epoch)[start_row:]
-        per_rank, batch = self.rows_per_rank(start_row), self.batch_size
-        pieces = []
-        for step in range(self.steps(start_row)):
-            rows = min(batch, per_rank - step * batch)  # this step's batch, on every rank
-            first = self.size * batch * step + rank * rows
-            pieces.append(remaining[first:first + rows])
-        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        return self.rank_rows_tensor(epoch, rank, start_row).numpy()
 
 
 class OrderedRows:
@@ -115,10 +109,6 @@ class OrderedRows:
         self.first_epoch, self.last_epoch, self.start_row = first_epoch, last_epoch, start_row
         self.num_batches = order.steps(start_row)
         self.dataset = self._pipeline(arrays)
-
-    def start_of(self, epoch: int) -> int:
-        """Return how many rows of ``epoch``'s order were trained before this ``fit`` began."""
-        return self.start_row if epoch == self.first_epoch else 0
 
     def _pipeline(self, arrays: tuple) -> tf.data.Dataset:
         tensors = tuple(tf.nest.map_structure(tf.convert_to_tensor, a) for a in arrays)

@@ -136,8 +136,8 @@ def install(patches: PatchSet) -> None:
         if getattr(self, "optimizer", None) is not None:
             watch_model(self.optimizer, self)  # the canary reports its non-trainable state too
 
-        arrays, total_epochs = None, a["epochs"]
-        if elastic_fit.requested():
+        elastic, arrays, total_epochs = elastic_fit.requested(), None, a["epochs"]
+        if elastic:
             arrays = elastic_fit.arrays_to_order(given["x"], given["y"], given["sample_weight"],
                                                  a)
             if arrays is not None and a["validation_split"]:
@@ -172,7 +172,7 @@ def install(patches: PatchSet) -> None:
             with keras_loop():
                 return original_fit(*bound.args, **bound.kwargs)
 
-        if elastic_fit.requested():
+        if elastic:
             return elastic_fit.fit(self, attempt, a["initial_epoch"], lambda: sharding.first_rows(
                 given["x"], given["y"], given["sample_weight"]), arrays)
         return attempt(a["initial_epoch"], [])
