@@ -226,7 +226,11 @@ def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch, batches
     ``HPCREP_ELASTIC_BATCHES_PER_COMMIT=4``, to the commit after batch 8 of the second: its first
     8 x 4 x 32 rows), reshard, finish the 3 epochs. ``HPCREP_ELASTIC_MAX_NP`` (what ``hpcrep run
     --max-np`` sets) leaves it on 3 ranks: only ``@hvd.elastic.run`` grows back (a commit that
-    asked to grow used to end the script)."""
+    asked to grow used to end the script).
+
+    The kill costs nothing but the steps after the commit: the survivors end with bitwise the
+    weights of a planned resize, the same job stopped by the same kill without ULFM and resumed
+    on 3 ranks from the commit it left on disk (:func:`planned_resize`)."""
     job = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep", "--elastic",
            str(HERE / "transparent_elastic_job.py"), str(scratch)]
     argv = mpirun_command(RANKS, job, mpirun=str(ulfm_venv / "bin" / "mpirun"),
@@ -260,9 +264,43 @@ def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch, batches
         for key in weights[0].files:
             np.testing.assert_array_equal(weights[0][key], other[key])
     took = first_step_after_resume(done.stderr, float((scratch / "death").read_text()))
+    planned = planned_resize(ulfm_venv, scratch / "planned", batches_per_commit)
+    for key in weights[0].files:
+        np.testing.assert_array_equal(
+            weights[0][key], planned[key],
+            err_msg=f"{key}: the survivors' weights are not those of the planned resize")
     print(f"\ntransparent elastic fit ({batches_per_commit} batches per commit): rank {VICTIM} "
           f"of {RANKS} SIGKILLed in epoch 2; first step of the survivors {took:.3f} s after")
     assert took < 30, took
+
+
+def planned_resize(venv: Path, out: Path, batches_per_commit: int) -> np.lib.npyio.NpzFile:
+    """Run test_transparent_fit_goes_on_after_a_killed_rank's job as a planned change from 4
+    ranks to 3 and return rank 0's final weights: the same kill, without ULFM, ends the job on
+    4 ranks, leaving its last commit in ``HPCREP_ELASTIC_DIR`` (``out/commits``); a 3-rank
+    launch resumes from it and finishes."""
+    commits = out / "commits"
+    commits.mkdir(parents=True)
+    job = [str(venv / "bin" / "python"), "-m", "hpcrep", "--elastic",
+           str(HERE / "transparent_elastic_job.py"), str(out)]
+    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "KILL_RANK": str(VICTIM),
+                      "KILL_AT": "10", "HPCREP_ELASTIC_DIR": str(commits),
+                      "HPCREP_ELASTIC_BATCHES_PER_COMMIT": str(batches_per_commit),
+                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    passed = ["-x", "HPCREP_ELASTIC_DIR", "-x", "HPCREP_ELASTIC_BATCHES_PER_COMMIT"]
+    stopped = subprocess.run(
+        mpirun_command(RANKS, job, mpirun=str(venv / "bin" / "mpirun"),
+                       extra=[*passed, "-x", "KILL_RANK", "-x", "KILL_AT"]),
+        capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    assert stopped.returncode != 0 and (out / "death").exists(), \
+        stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    resumed = subprocess.run(
+        mpirun_command(RANKS - 1, job, mpirun=str(venv / "bin" / "mpirun"), extra=passed),
+        capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    output = resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert resumed.returncode == 0, output
+    assert f"hpcrep: fit resumes on {RANKS - 1} ranks from the commit " in resumed.stderr, output
+    return np.load(out / "weights0.npz")
 
 
 def equal_weights(out: Path, ranks: list[int]) -> None:
