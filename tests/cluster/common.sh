@@ -12,14 +12,22 @@ CLUSTER_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # Open MPI 4.1's options for jobs across the nodes: start ranks in the nodes' namespaces (the
 # launch agent) and keep MPI traffic on the bridge (TCP between nodes, shared memory within
 # one). mpirun.sh passes them; mpi-args.sh prints them for `hpcrep run --mpi-args`.
+#
+# The nodes are namespaces of this one machine and share its cores, but the hostfile gives each
+# node 2 slots, so Open MPI does not see that 4 ranks on 2 nodes oversubscribe the machine and
+# keeps waiting ranks spinning (it yields the processor only when ranks outnumber slots). A
+# spinning rank takes the core from the one it waits for: mpi_yield_when_idle says what a real
+# node of this size would. Measured (docs/measurements.md): a Keras step of the Python path
+# (a job under --with-ft ulfm) 32-40 ms with spinning ranks, 5-9 ms yielding.
 CLUSTER_MPI_OPTIONS=(--mca plm_rsh_agent "$CLUSTER_SCRIPTS/rsh-agent.sh"
-  --mca btl tcp,self,vader --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET")
+  --mca btl tcp,self,vader --mca btl_tcp_if_include "$SUBNET" --mca oob_tcp_if_include "$SUBNET"
+  --mca mpi_yield_when_idle 1)
 
 # Open MPI 5's (the .venv-ulfm of `make ulfm`): PRRTE starts the node daemons and names its
 # launch agent plm_ssh_agent; shared memory is "sm". mpirun.sh picks these for a 5.x mpirun.
 CLUSTER_MPI5_OPTIONS=(--prtemca plm_ssh_agent "$CLUSTER_SCRIPTS/rsh-agent.sh"
   --prtemca oob_tcp_if_include "$SUBNET"
-  --mca btl tcp,self,sm --mca btl_tcp_if_include "$SUBNET")
+  --mca btl tcp,self,sm --mca btl_tcp_if_include "$SUBNET" --mca mpi_yield_when_idle 1)
 
 node_ip()   { echo "$SUBNET_PREFIX.$((10 + ${1#node}))"; }   # node3 -> 10.213.7.13
 node_ns()   { echo "hpcrep-$1"; }                            # its network namespace
