@@ -31,12 +31,16 @@ DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread
             "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "3"]
 
 
-def run_job(venv: Path, out: Path, *extra: str, timeout: float = 240, env: dict = None):
+def run_job(venv: Path, out: Path, *extra: str, timeout: float = 240, env: dict = None,
+            ranks: int = RANKS, ulfm: bool = True):
+    """Run ulfm_elastic_job.py on ``ranks`` local ranks, under ``--with-ft ulfm`` with the
+    detector unless ``ulfm`` is False; ``env`` reaches the ranks (``-x``)."""
     job = [str(venv / "bin" / "python"), str(HERE / "ulfm_elastic_job.py"), "--out", str(out),
            "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
            "--commit-every", "4", "--seed", str(SEED), *extra]
-    argv = mpirun_command(RANKS, job, mpirun=str(venv / "bin" / "mpirun"),
-                          extra=["--with-ft", "ulfm", *DETECTOR])
+    passed = [arg for name in (env or {}) for arg in ("-x", name)]
+    argv = mpirun_command(ranks, job, mpirun=str(venv / "bin" / "mpirun"),
+                          extra=[*(["--with-ft", "ulfm", *DETECTOR] if ulfm else []), *passed])
     env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
                       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     try:
@@ -116,6 +120,32 @@ def test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job(ulfm_venv, scr
           f"{', '.join(f'{n * 1e3:.0f}' for n in noticed)} ms; revoke + shrink "
           f"{', '.join(f'{s * 1e3:.1f}' for s in shrink)} ms")
     assert first - death < 30, first - death  # seconds, not a watchdog's minute or a relaunch
+    if how == "kill":  # the kill cost the steps since the commit and nothing else
+        planned = explicit_planned_resize(ulfm_venv, scratch / "planned")
+        kept = np.load(scratch / f"weights-rank{survivors[0]}.npz")
+        for key in kept.files:
+            np.testing.assert_array_equal(
+                kept[key], planned[key],
+                err_msg=f"{key}: the survivors' weights are not those of the planned resize")
+
+
+def explicit_planned_resize(venv: Path, out: Path) -> np.lib.npyio.NpzFile:
+    """Run test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job's job as a planned
+    change from 4 ranks to 3 and return the weights it ends with: the same kill, without ULFM,
+    ends the job on 4 ranks, leaving its last commit in ``HPCREP_ELASTIC_DIR``
+    (``out/commits``); a 3-rank launch resumes from it and finishes."""
+    commits = out / "commits"
+    commits.mkdir(parents=True)
+    env = {"HPCREP_ELASTIC_DIR": str(commits)}
+    stopped = run_job(venv, out, "--victim", str(VICTIM), "--kill-at", str(KILL_AT), env=env,
+                      ulfm=False)
+    assert stopped.returncode != 0 and (out / "death").exists(), \
+        stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    resumed = run_job(venv, out, env=env, ranks=RANKS - 1, ulfm=False)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    result = json.loads((out / "rank0.json").read_text())
+    assert [at[:2] for at in result["resumes"]] == [[0, KILL_AT * RANKS * BATCH]], result
+    return np.load(out / "weights-rank0.npz")
 
 
 @pytest.mark.timeout(300)
