@@ -31,18 +31,41 @@ DETECTOR = ["--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread
             "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "3"]
 
 
+def job_env(**extra: str) -> dict:
+    """The environment of a job these tests start: ``extra``, this checkout on ``PYTHONPATH``,
+    unbuffered output, and what :func:`mpirun_env` adds."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", **extra, "PYTHONPATH": path})
+
+
+def elastic_job(venv: Path, out: Path, *extra: str) -> list[str]:
+    """The command line of ulfm_elastic_job.py with this module's sizes, then ``extra``."""
+    return [str(venv / "bin" / "python"), str(HERE / "ulfm_elastic_job.py"), "--out", str(out),
+            "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
+            "--commit-every", "4", "--seed", str(SEED), *extra]
+
+
+def transparent_job(venv: Path, out: Path) -> list[str]:
+    """The command line of transparent_elastic_job.py under ``python -m hpcrep --elastic``."""
+    return [str(venv / "bin" / "python"), "-m", "hpcrep", "--elastic",
+            str(HERE / "transparent_elastic_job.py"), str(out)]
+
+
+def assert_same_weights(want, got, what: str = "") -> None:
+    """Assert that the arrays of the weight files ``want`` and ``got`` are bitwise equal."""
+    for key in want.files:
+        np.testing.assert_array_equal(want[key], got[key], err_msg=f"{key}: {what}")
+
+
 def run_job(venv: Path, out: Path, *extra: str, timeout: float = 240, env: dict = None,
             ranks: int = RANKS, ulfm: bool = True):
     """Run ulfm_elastic_job.py on ``ranks`` local ranks, under ``--with-ft ulfm`` with the
     detector unless ``ulfm`` is False; ``env`` reaches the ranks (``-x``)."""
-    job = [str(venv / "bin" / "python"), str(HERE / "ulfm_elastic_job.py"), "--out", str(out),
-           "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
-           "--commit-every", "4", "--seed", str(SEED), *extra]
     passed = [arg for name in (env or {}) for arg in ("-x", name)]
-    argv = mpirun_command(ranks, job, mpirun=str(venv / "bin" / "mpirun"),
+    argv = mpirun_command(ranks, elastic_job(venv, out, *extra),
+                          mpirun=str(venv / "bin" / "mpirun"),
                           extra=[*(["--with-ft", "ulfm", *DETECTOR] if ulfm else []), *passed])
-    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
-                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    env = job_env(**(env or {}))
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
                               cwd=ROOT)
@@ -70,8 +93,7 @@ def check_weights_and_rows(scratch: Path, names: list[str], results: list[dict],
     of ``last_size`` ranks may be left out."""
     weights = [np.load(scratch / f"weights-{n}.npz") for n in names]
     for other in weights[1:]:
-        for key in weights[0].files:
-            np.testing.assert_array_equal(weights[0][key], other[key])
+        assert_same_weights(weights[0], other)
     victim_fed = json.loads((scratch / "victim_fed.json").read_text())
     kept = rows_kept(results, victim_fed, (0, KILL_AT * RANKS * BATCH))
     assert sorted(kept) == list(range(EPOCHS)), sorted(kept)
@@ -123,10 +145,8 @@ def test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job(ulfm_venv, scr
     if how == "kill":  # the kill cost the steps since the commit and nothing else
         planned = explicit_planned_resize(ulfm_venv, scratch / "planned")
         kept = np.load(scratch / f"weights-rank{survivors[0]}.npz")
-        for key in kept.files:
-            np.testing.assert_array_equal(
-                kept[key], planned[key],
-                err_msg=f"{key}: the survivors' weights are not those of the planned resize")
+        assert_same_weights(kept, planned, "the survivors' weights are not those of the "
+                            "planned resize")
 
 
 def explicit_planned_resize(venv: Path, out: Path) -> np.lib.npyio.NpzFile:
@@ -154,13 +174,10 @@ def test_hpcrep_run_elastic_on_open_mpi_5_goes_on_and_grows_back_to_max_np(ulfm_
     Python) starts the job with fault tolerance on and the detector: the survivors of a killed
     rank go on in it (no relaunch), and at their next commit the job spawns a rank into the
     freed slot and goes on with 4 ranks, which end with equal weights, every row trained once."""
-    argv = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep.cli", "run", "-np", str(RANKS),
-            "--elastic", "--max-np", str(RANKS), str(HERE / "ulfm_elastic_job.py"), "--out",
-            str(scratch), "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
-            "--commit-every", "4", "--seed", str(SEED), "--victim", str(VICTIM), "--kill-at",
-            str(KILL_AT)]
-    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "HPCREP_ULFM_DETECT_TIMEOUT": "3",
-                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    job = elastic_job(ulfm_venv, scratch, "--victim", str(VICTIM), "--kill-at", str(KILL_AT))
+    argv = [job[0], "-m", "hpcrep.cli", "run", "-np", str(RANKS), "--elastic", "--max-np",
+            str(RANKS), *job[1:]]
+    env = job_env(HPCREP_ULFM_DETECT_TIMEOUT="3")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     output = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
@@ -197,13 +214,11 @@ def test_a_rank_lost_while_the_job_grows_ends_it_and_hpcrep_run_relaunches_it(ul
     a job cannot shrink inside ``MPI_Comm_spawn`` (its root would wait for good), so a survivor
     raises ``GrowFailedError``, which ends the job, and ``hpcrep run --elastic`` relaunches it
     from the last commit; the relaunch loses rank 2 again, grows back to 4 and finishes."""
-    argv = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep.cli", "run", "-np", str(RANKS),
-            "--elastic", "--max-np", str(RANKS), str(HERE / "ulfm_elastic_job.py"), "--out",
-            str(scratch), "--rows", str(ROWS), "--epochs", str(EPOCHS), "--batch", str(BATCH),
-            "--commit-every", "4", "--seed", str(SEED), "--victim", str(VICTIM), "--kill-at",
-            str(KILL_AT), "--kill-in-grow", "1"]
-    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "HPCREP_ULFM_DETECT_TIMEOUT": "3",
-                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    job = elastic_job(ulfm_venv, scratch, "--victim", str(VICTIM), "--kill-at", str(KILL_AT),
+                      "--kill-in-grow", "1")
+    argv = [job[0], "-m", "hpcrep.cli", "run", "-np", str(RANKS), "--elastic", "--max-np",
+            str(RANKS), *job[1:]]
+    env = job_env(HPCREP_ULFM_DETECT_TIMEOUT="3")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     output = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
@@ -219,8 +234,7 @@ def test_a_rank_lost_while_the_job_grows_ends_it_and_hpcrep_run_relaunches_it(ul
     assert {r["size"] for r in results} == {RANKS}, results
     weights = [np.load(scratch / f"weights-{n}.npz") for n in names]
     for other in weights[1:]:
-        for key in weights[0].files:
-            np.testing.assert_array_equal(weights[0][key], other[key])
+        assert_same_weights(weights[0], other)
 
 
 @pytest.mark.timeout(300)
@@ -261,16 +275,13 @@ def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch, batches
     The kill costs nothing but the steps after the commit: the survivors end with bitwise the
     weights of a planned resize, the same job stopped by the same kill without ULFM and resumed
     on 3 ranks from the commit it left on disk (:func:`planned_resize`)."""
-    job = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep", "--elastic",
-           str(HERE / "transparent_elastic_job.py"), str(scratch)]
-    argv = mpirun_command(RANKS, job, mpirun=str(ulfm_venv / "bin" / "mpirun"),
+    argv = mpirun_command(RANKS, transparent_job(ulfm_venv, scratch),
+                          mpirun=str(ulfm_venv / "bin" / "mpirun"),
                           extra=["--with-ft", "ulfm", *DETECTOR, "-x", "KILL_RANK", "-x",
                                  "KILL_AT", "-x", "HPCREP_ELASTIC_MAX_NP", "-x",
                                  "HPCREP_ELASTIC_BATCHES_PER_COMMIT"])
-    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "KILL_RANK": str(VICTIM),
-                      "KILL_AT": "10", "HPCREP_ELASTIC_MAX_NP": str(RANKS),
-                      "HPCREP_ELASTIC_BATCHES_PER_COMMIT": str(batches_per_commit),
-                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    env = job_env(KILL_RANK=str(VICTIM), KILL_AT="10", HPCREP_ELASTIC_MAX_NP=str(RANKS),
+                  HPCREP_ELASTIC_BATCHES_PER_COMMIT=str(batches_per_commit))
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     output = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
@@ -291,14 +302,11 @@ def test_transparent_fit_goes_on_after_a_killed_rank(ulfm_venv, scratch, batches
         [f"weights{r}.npz" for r in survivors], output
     weights = [np.load(scratch / f"weights{r}.npz") for r in survivors]
     for other in weights[1:]:
-        for key in weights[0].files:
-            np.testing.assert_array_equal(weights[0][key], other[key])
+        assert_same_weights(weights[0], other)
     took = first_step_after_resume(done.stderr, float((scratch / "death").read_text()))
     planned = planned_resize(ulfm_venv, scratch / "planned", batches_per_commit)
-    for key in weights[0].files:
-        np.testing.assert_array_equal(
-            weights[0][key], planned[key],
-            err_msg=f"{key}: the survivors' weights are not those of the planned resize")
+    assert_same_weights(weights[0], planned, "the survivors' weights are not those of the "
+                        "planned resize")
     print(f"\ntransparent elastic fit ({batches_per_commit} batches per commit): rank {VICTIM} "
           f"of {RANKS} SIGKILLed in epoch 2; first step of the survivors {took:.3f} s after")
     assert took < 30, took
@@ -311,12 +319,9 @@ def planned_resize(venv: Path, out: Path, batches_per_commit: int) -> np.lib.npy
     launch resumes from it and finishes."""
     commits = out / "commits"
     commits.mkdir(parents=True)
-    job = [str(venv / "bin" / "python"), "-m", "hpcrep", "--elastic",
-           str(HERE / "transparent_elastic_job.py"), str(out)]
-    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "KILL_RANK": str(VICTIM),
-                      "KILL_AT": "10", "HPCREP_ELASTIC_DIR": str(commits),
-                      "HPCREP_ELASTIC_BATCHES_PER_COMMIT": str(batches_per_commit),
-                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    job = transparent_job(venv, out)
+    env = job_env(KILL_RANK=str(VICTIM), KILL_AT="10", HPCREP_ELASTIC_DIR=str(commits),
+                  HPCREP_ELASTIC_BATCHES_PER_COMMIT=str(batches_per_commit))
     passed = ["-x", "HPCREP_ELASTIC_DIR", "-x", "HPCREP_ELASTIC_BATCHES_PER_COMMIT"]
     stopped = subprocess.run(
         mpirun_command(RANKS, job, mpirun=str(venv / "bin" / "mpirun"),
@@ -340,8 +345,7 @@ def equal_weights(out: Path, ranks: list[int]) -> None:
         sorted(f"weights{r}.npz" for r in ranks)
     weights = [np.load(out / f"weights{r}.npz") for r in ranks]
     for other in weights[1:]:
-        for key in weights[0].files:
-            np.testing.assert_array_equal(weights[0][key], other[key])
+        assert_same_weights(weights[0], other)
 
 
 @pytest.mark.timeout(300)
@@ -354,9 +358,7 @@ def test_hpcrep_run_grows_a_transparent_fit_back_through_a_relaunch(ulfm_venv, s
     argv = [str(ulfm_venv / "bin" / "python"), "-m", "hpcrep.cli", "run", "-np", str(RANKS),
             "--elastic", "--max-np", str(RANKS), str(HERE / "transparent_elastic_job.py"),
             str(scratch)]
-    env = mpirun_env({**os.environ, "PYTHONUNBUFFERED": "1", "HPCREP_ULFM_DETECT_TIMEOUT": "3",
-                      "KILL_RANK": "3", "KILL_AT": "10",
-                      "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    env = job_env(HPCREP_ULFM_DETECT_TIMEOUT="3", KILL_RANK="3", KILL_AT="10")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env,
                           cwd=scratch)
     output = done.stdout[-3000:] + done.stderr[-3000:]
