@@ -7,6 +7,10 @@ objects, which rank 0 writes to ``HPCREP_ELASTIC_DIR`` (:mod:`hpcrep.tensorflow.
 by the user, or a new directory under the working directory for this ``hpcrep run``, removed
 when the job succeeds.
 
+SIGTERM, SIGINT or SIGHUP sent to ``hpcrep run`` (a user's Ctrl-C or ``kill``, a batch system
+ending the job) stop it: the signal goes on to the running launcher, and the job is not
+relaunched however it then ends; the last commit stays for a later run to resume from.
+
 A relaunch happens only when the failed attempt made progress (a commit newer than the one it
 started from): a script that fails before its first commit, or fails again before committing
 anything new, is not restarted (it would fail the same way), nor after ``--reset-limit``
@@ -28,8 +32,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from hpcrep.comm import hosts_back
 from hpcrep.launch.hosts import Host
@@ -108,6 +113,36 @@ def decide_growth(attempt: Attempt, max_np: int, requested: int,
     return Decision(True, "hosts reachable again", min(most, slots), tuple(reachable))
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[list[int]]:
+    """Note SIGTERM, SIGINT and SIGHUP received by this process in the list yielded (a caller's
+    own Python handlers still run). While a launcher runs under
+    :func:`hpcrep.launch.supervise.supervise` these handlers are called by its own, which pass
+    the signal on to the launcher. Local; the main thread only (elsewhere nothing is noted)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def note(signum: int, frame: Any) -> None:
+        received.append(signum)
+        previous = saved.get(signum)
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+
+    saved: dict[int, Any] = {}
+    for signum in _STOP_SIGNALS:
+        saved[signum] = signal.signal(signum, note)
+    try:
+        yield received
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
 def probe_hosts(hosts: Sequence[Host], probe_argv: Callable[[Host], list[str]],
                 env: dict, timeout: float = PROBE_TIMEOUT) -> list[Host]:
     """Return the hosts on which ``probe_argv(host)`` (the launcher running ``true`` there)
@@ -139,7 +174,8 @@ def run_elastic(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
     failure as :func:`decide` says; return the last attempt's exit code. A job that stopped to
     grow back onto a host it had lost (:mod:`hpcrep.comm.hosts_back`, ULFM with ``max_np``) is
     relaunched on every one of ``hosts`` that answers, as :func:`decide_growth` says; that does
-    not count against ``reset_limit``.
+    not count against ``reset_limit``. Stopped by a signal (:func:`stop_requests`) before the
+    job succeeded: no relaunch, and 128 + the signal's number is returned.
 
     ``env`` gets ``HPCREP_ELASTIC_DIR`` (a new directory under the working directory unless it
     is set; that one is removed after a success). ``hosts`` empty: local ranks, never probed.
@@ -151,11 +187,33 @@ def run_elastic(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
     directory = env["HPCREP_ELASTIC_DIR"]
     log(f"hpcrep run: elastic: commits go to {directory}; a failed job is relaunched from its "
         f"last commit (at most {reset_limit} time(s))")
+    with stop_requests() as stops:
+        code = _attempts(launch, ranks, hosts, env, directory, reset_limit, min_np, probe_argv,
+                         log, max_np, stops)
+    if stops and code != 0:
+        name = signal.Signals(stops[0]).name
+        log(f"hpcrep run: elastic: stopped by {name} (the job ended with exit {code}); not "
+            f"relaunching. Its last commit stays in {directory}: run the same command with "
+            f"HPCREP_ELASTIC_DIR={directory} to resume from it")
+        return 128 + stops[0]
+    if code == 0 and created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+    return code
+
+
+def _attempts(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
+              hosts: Sequence[Host], env: dict, directory: str, reset_limit: int, min_np: int,
+              probe_argv: Optional[Callable[[Host], list[str]]], log: Callable[[str], None],
+              max_np: int, stops: list[int]) -> int:
+    """Launch, and relaunch as :func:`run_elastic` says, until the job succeeds, a relaunch is
+    refused or ``stops`` holds a signal; return the last attempt's exit code."""
     number, current_ranks, current_hosts = 1, ranks, tuple(hosts)
     while True:
         before = last_commit(directory)
         start = time.monotonic()
         code = launch(current_ranks, current_hosts, env)
+        if stops:
+            return code
         attempt = Attempt(number, code, time.monotonic() - start,
                           last_commit(directory) > before)
         if hosts_back.relaunch_requested(directory) is not None:
@@ -174,7 +232,7 @@ def run_elastic(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
             log(f"hpcrep run: elastic: the job stopped to grow back but is not relaunched: "
                 f"{growth.reason}")
         if code == 0:
-            break
+            return 0
         reachable = None
         if current_hosts and probe_argv is not None:
             probed = time.monotonic()
@@ -190,12 +248,11 @@ def run_elastic(launch: Callable[[int, Sequence[Host], dict], int], ranks: int,
                 f"stays in {directory}: run the same command with HPCREP_ELASTIC_DIR={directory} "
                 "to resume from it")
             return code
+        if stops:  # asked to stop while the hosts were probed
+            return code
         where = (", ".join(f"{h.name}:{h.slots}" for h in decision.hosts) if decision.hosts
                  else "this machine")
         log(f"hpcrep run: elastic: the job failed (exit {code}) after {attempt.seconds:.1f} s; "
             f"relaunching {decision.ranks} rank(s) on {where} from the last commit "
             f"(relaunch {number} of at most {reset_limit})")
         number, current_ranks, current_hosts = number + 1, decision.ranks, decision.hosts
-    if created is not None:
-        shutil.rmtree(created, ignore_errors=True)
-    return 0

@@ -15,7 +15,9 @@ code is then the notice's. Without a notice nothing changes: this returns the la
 
 stdin and stdout stay the launcher's own. SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to this
 process are passed on to the launcher; so is SIGINT, unless it came from the terminal (the
-launcher shares this process group, so the terminal's Ctrl-C reaches it directly).
+launcher shares this process group, so the terminal's Ctrl-C reaches it directly). A Python
+handler the caller had installed for one of them is called first (``hpcrep run --elastic``
+notes there that the user asked the job to stop).
 
     python -m hpcrep.launch.supervise -- mpirun -n 4 python train.py
 """
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Iterator, Mapping, Optional, Sequence
+from typing import IO, Any, Iterator, Mapping, Optional, Sequence
 
 from hpcrep import config
 from hpcrep.comm.abort import ABORT_NOTICE_PATTERN, DONE_NOTICE_PATTERN
@@ -73,7 +75,9 @@ def supervise(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
     """
     grace = float(config.get("HPCREP_LAUNCHER_GRACE")) if grace is None else grace
     if grace <= 0:
-        return subprocess.call(list(argv), env=env)
+        plain = subprocess.Popen(list(argv), env=env)
+        with _passing_signals(plain.pid):
+            return plain.wait()
     err = err if err is not None else sys.stderr
     proc = subprocess.Popen(list(argv), env=env, stderr=subprocess.PIPE)
     notice, lock = _Notice(), threading.Lock()
@@ -165,7 +169,10 @@ def _write(err: IO, data: bytes) -> None:
 def _passing_signals(pid: int) -> Iterator[None]:
     """Pass the signals of :data:`_FORWARDED` sent to this process on to ``pid``."""
 
-    def forward(signum: int, _frame: object) -> None:
+    def forward(signum: int, frame: Any) -> None:
+        previous = saved.get(signum)
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)  # a caller's own handler (run --elastic notes a stop)
         if signum == signal.SIGINT and _in_terminal_foreground():
             return  # the terminal sent it to the whole process group: the launcher has it
         _send(pid, signum)
@@ -173,7 +180,9 @@ def _passing_signals(pid: int) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers; the caller's own stay in force
         return
-    saved = {s: signal.signal(s, forward) for s in _FORWARDED}
+    saved: dict[int, Any] = {}
+    for s in _FORWARDED:
+        saved[s] = signal.signal(s, forward)
     try:
         yield
     finally:

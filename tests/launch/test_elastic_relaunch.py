@@ -1,15 +1,18 @@
 """``hpcrep run --elastic`` without ULFM: a rank SIGKILLed mid-run ends the job, ``hpcrep run``
 relaunches it from the last ``hvd.elastic`` commit (one ``hpcrep run``, exit 0) and it ends with
 the weights of a run that never failed; a stopped (hung) rank is caught by the stall watchdog and
-the job relaunched the same way; a job that fails before committing anything is not relaunched."""
+the job relaunched the same way; a job that fails before committing anything is not relaunched;
+SIGTERM or SIGINT sent to ``hpcrep run`` stops the job for good (no relaunch)."""
 
 from __future__ import annotations
 
 import glob
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +119,66 @@ def test_a_job_that_fails_before_committing_is_not_relaunched(mpirun, scratch):
     assert run.stdout.count("rank 0 starts at epoch 0") == 1, run.stdout
     kept = glob.glob(os.path.join(scratch, ".hpcrep-elastic-*"))
     assert len(kept) == 1 and f"HPCREP_ELASTIC_DIR={kept[0]}" in run.stderr
+
+
+def _job_processes(marker: str) -> list[str]:
+    """Return the command lines of living processes whose command line contains ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if marker.encode() in cmdline and state != "Z":
+                found.append(cmdline.decode(errors="replace"))
+    return found
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_hpcrep_run_stops_an_elastic_job_without_a_relaunch(mpirun, scratch, signum):
+    """``kill`` (or Ctrl-C from a script) stops ``hpcrep run --elastic``: the launcher and its
+    ranks end within seconds, there is no relaunch, the exit code is 128 + the signal, and the
+    last commit is kept with the command that resumes from it."""
+    out = os.path.join(scratch, "stopped.npz")
+    env = mpirun.env({"HPCREP_THREADS": "1",
+                      "PYTHONPATH": os.pathsep.join([str(mpirun.root),
+                                                     os.environ.get("PYTHONPATH", "")])})
+    env.pop("HPCREP_ELASTIC_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "hpcrep.cli", "run", "-np", "2", "--elastic",
+                             JOB, "--epochs", "200", "--epoch-sleep", "0.5", "--out", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=scratch, start_new_session=True)
+    try:
+        for line in proc.stdout:  # the job is running and has committed
+            if line.startswith("rank 0 finished epoch 1 "):
+                break
+        else:
+            pytest.fail(f"the job ended before its second commit: {proc.stderr.read()[-3000:]}")
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        try:
+            rest, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"hpcrep run went on for 60 s after {signum.name}")
+        ended = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    print(f"{signum.name} to hpcrep run's exit: {ended:.1f} s")
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert f"stopped by {signum.name}" in err and "not relaunching" in err, err[-3000:]
+    assert "relaunching 2 rank(s)" not in err, err[-3000:]
+    assert "rank 0 starts at epoch" not in rest, rest  # no second attempt
+    assert not os.path.exists(out)  # the job did not run to its end
+    kept = glob.glob(os.path.join(scratch, ".hpcrep-elastic-*"))
+    assert len(kept) == 1 and os.listdir(kept[0]), err[-3000:]  # the last commit stays
+    assert f"HPCREP_ELASTIC_DIR={kept[0]}" in err
+    deadline = time.monotonic() + 10  # no rank outlives the launcher for long
+    while _job_processes(JOB) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _job_processes(JOB), _job_processes(JOB)
