@@ -13,12 +13,13 @@ prints the job id.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from typing import Optional, Sequence
 
 from hpcrep.errors import SlurmOptionError
-from hpcrep.slurm.options import (LAUNCHERS, MPI_PLUGINS, JobOptions, parse_signal)
+from hpcrep.slurm.options import LAUNCHERS, MPI_PLUGINS, JobOptions, advice, parse_signal
 from hpcrep.slurm.render import render
 
 
@@ -130,7 +131,10 @@ def main(args: argparse.Namespace, out: Optional[object] = None) -> int:
     """Run ``hpcrep slurm render`` or ``submit``."""
     out = out or sys.stdout
     try:
-        script = render(options_from_args(args))
+        options = options_from_args(args)
+        script = render(options)
+        for line in advice(options, os.environ):
+            print(f"hpcrep slurm {args.slurm_command}: warning: {line}", file=sys.stderr)
         if args.slurm_command == "render":
             out.write(script)
         else:

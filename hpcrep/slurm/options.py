@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Optional
+from typing import Mapping, Optional
 
 from hpcrep.errors import SlurmOptionError
 
@@ -258,3 +258,20 @@ def validate(o: JobOptions) -> None:
                                       not 1 <= o.signal_lead <= 65535):
         _fail("signal-lead", "seconds between 1 and 65535 (Slurm checks about every 30 s: "
               "use 60 or more)", o.signal_lead)
+
+
+def advice(options: JobOptions, environ: Mapping[str, str]) -> list[str]:
+    """Return warnings about options that render a valid script that will not do what the
+    user most likely wants, one line each (``environ``: the submitting shell's, which ``sbatch``
+    passes on). Pure."""
+    lines = []
+    checkpointed = (options.checkpoint_dir or "HPCREP_CHECKPOINT_DIR" in dict(options.env)
+                    or environ.get("HPCREP_CHECKPOINT_DIR"))
+    if options.signal_lead is not None and not checkpointed:
+        lines.append(
+            f"--signal USR1@{options.signal_lead} without --checkpoint-dir: SIGUSR1 ends every "
+            "rank (exit 138) unless the script handles it itself, and a transparent script "
+            "(python -m hpcrep) saves on it only with HPCREP_CHECKPOINT_DIR. Give "
+            "--checkpoint-dir DIR, or let the script checkpoint on the signal "
+            "(hpcrep.checkpoint.PreemptionSignal, or CheckpointCallback for fit).")
+    return lines

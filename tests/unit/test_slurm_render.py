@@ -173,3 +173,31 @@ def test_cli_refuses_what_cannot_be_made_safe(argv, match, capsys):
 def test_gres_gpus_pin_ranks_like_gpus_per_node():
     script = render(JobOptions(command=("x",), tasks_per_node=4, gres="gpu:h100:4"))
     assert "% 4 ))" in script and '"${pin_gpu[@]}" x' in script
+
+
+@pytest.mark.parametrize("argv, environ, warned", [
+    (["--signal", "USR1@120", "--requeue"], {}, True),      # the README's example, bare
+    (["--signal-lead", "90"], {}, True),
+    (["--signal", "USR1@120", "--checkpoint-dir", "/scratch/c"], {}, False),
+    (["--signal", "USR1@120", "--env", "HPCREP_CHECKPOINT_DIR=/scratch/c"], {}, False),
+    (["--signal", "USR1@120"], {"HPCREP_CHECKPOINT_DIR": "/scratch/c"}, False),  # sbatch exports
+    (["--signal", "USR2@120"], {}, False),                  # not hpcrep's checkpoint signal
+    (["--requeue"], {}, False),
+])
+def test_render_warns_of_a_preemption_signal_with_nothing_to_save(argv, environ, warned,
+                                                                  capsys, monkeypatch):
+    """SIGUSR1's default action ends a process: without a checkpoint directory a transparent
+    script dies of the pre-timeout signal (exit 138), so render says so on stderr, once, and
+    still prints the same script on stdout."""
+    monkeypatch.delenv("HPCREP_CHECKPOINT_DIR", raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    assert hpcrep_main(["slurm", "render", *argv, "--", "python", "-m", "hpcrep", "t.py"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("#!/bin/bash")
+    lines = [ln for ln in captured.err.splitlines() if "warning:" in ln]
+    if warned:
+        assert len(lines) == 1 and "without --checkpoint-dir" in lines[0], captured.err
+        assert "exit 138" in lines[0] and "--checkpoint-dir DIR" in lines[0]
+    else:
+        assert not lines, captured.err
