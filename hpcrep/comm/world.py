@@ -21,6 +21,7 @@ from hpcrep import config
 from hpcrep.comm import watchdog
 from hpcrep.comm.abort import abort as abort_job
 from hpcrep.comm.communicator import Communicator
+from hpcrep.comm.yield_policy import yield_if_oversubscribed
 from hpcrep.errors import ConfigError, NotInitializedError
 
 _world: Optional[Communicator] = None
@@ -35,6 +36,7 @@ if os.environ.get(GROW_CHILD_ENV):
     # watches each job's own COMM_WORLD only (not the merged world), and in a spawned job it
     # kept MPI_Finalize from returning (ompi_comm_failure_detector_finalize spun for good).
     os.environ["OMPI_MCA_mpi_ft_detector"] = "false"
+yield_if_oversubscribed(os.environ)  # before MPI starts: waiting ranks yield on a crowded node
 
 
 def _mpi() -> Any:

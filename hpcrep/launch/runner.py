@@ -50,9 +50,10 @@ def execute(target: Sequence[str]) -> None:
 
 
 def _world() -> tuple[int, int]:
-    from mpi4py import MPI  # noqa: PLC0415 - MPI only when a script runs
+    from hpcrep.comm.world import _mpi  # noqa: PLC0415 - MPI only when a script runs
 
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    world = _mpi().COMM_WORLD
+    return world.Get_rank(), world.Get_size()
 
 
 def abort_job(code: int, message: str) -> None:

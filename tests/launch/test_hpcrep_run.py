@@ -5,6 +5,7 @@ through the ``horovod`` alias."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -59,3 +60,21 @@ def test_unchanged_keras_script_runs_transparently(mpirun, transparent_run_ok):
     assert "imports none of hpcrep.tensorflow, hpcrep.keras, horovod: transparent mode" in \
         done.stderr, done.stderr[-3000:]
     transparent_run_ok(done, 2)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_yield_when_the_slots_given_outnumber_the_cores(mpirun, ranks):
+    """``-H localhost:4`` on a 2-core machine: Open MPI takes the slots as given and would keep
+    waiting ranks spinning; every rank sets mpi_yield_when_idle before MPI starts when its node
+    holds more ranks than cores, and leaves it unset otherwise."""
+    from hpcrep.comm.yield_policy import usable_cores
+
+    done = hpcrep_run(mpirun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--no-transparent",
+                      str(HERE / "yield_probe.py"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("yield "))
+    seen = json.loads(line[len("yield "):])
+    assert seen["local_size"] == ranks
+    expected = "1" if ranks > usable_cores() else None
+    assert seen["values"] == [expected] * ranks, (usable_cores(), seen)
