@@ -44,6 +44,9 @@ def test_rendered_job_runs_four_ranks_on_two_hosts(cluster, tmp_path):
     assert [(r["host"], r["rank"], r["size"]) for r in ranks] == [
         ("node1", 0, 4), ("node1", 1, 4), ("node2", 2, 4), ("node2", 3, 4)], out
     assert [(r["local_rank"], r["cross_rank"]) for r in ranks] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    # The nodes share this machine's cores: the fixture's task prolog makes waiting ranks yield
+    # (else they spin and take the core from the ranks they wait for).
+    assert [r["yield"] for r in ranks] == ["1"] * 4, out
 
 
 @pytest.mark.timeout(320)

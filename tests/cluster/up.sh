@@ -114,6 +114,14 @@ done
 # --- Slurm: slurmctld on the host, one slurmd per node inside its namespace ---------------
 if [ "$SLURM" = 1 ]; then
   mkdir -p "$CLUSTER_DIR/state" "$CLUSTER_DIR/spool"
+  # The nodes declare 8 CPUs each so that tests can place 4 ranks on one, but they share this
+  # machine's cores: as with mpirun (common.sh), Open MPI would keep waiting ranks spinning.
+  # The task prolog makes every srun task's MPI yield, as a real node of this size would need.
+  cat > "$CLUSTER_DIR/task-prolog.sh" <<'PROLOG'
+#!/bin/sh
+echo "export OMPI_MCA_mpi_yield_when_idle=1"
+PROLOG
+  chmod 755 "$CLUSTER_DIR/task-prolog.sh"
   cat > "$CLUSTER_DIR/slurm.conf" <<CONF
 ClusterName=hpcrep
 SlurmctldHost=$(hostname -s)($HEAD_IP)
@@ -131,6 +139,7 @@ SlurmctldLogFile=$CLUSTER_DIR/log/slurmctld.log
 SlurmdLogFile=$CLUSTER_DIR/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
+TaskProlog=$CLUSTER_DIR/task-prolog.sh
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
