@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="--powersgd: steps averaged uncompressed first")
     parser.add_argument("--requeue", action="store_true",
                         help="on the signal: checkpoint, then scontrol requeue this Slurm job")
+    parser.add_argument("--hold-at", type=int, default=-1, metavar="STEP",
+                        help="first run only: after step STEP, wait (at most 300 s) for the "
+                        "signal, so that a test's signal never races the end of the job")
     args = parser.parse_args(argv)
 
     # Watch for the pre-timeout signal before the slow imports: its default action would kill
@@ -130,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.progress:
             with open(f"{args.progress}.{rank}", "w") as f:
                 f.write(f"{os.getpid()} {step + 1}\n")
+        if step + 1 == args.hold_at and restart_count() == 0:
+            for _ in range(1500):  # a count, not a clock: every rank polls as often as the others
+                if signal_watch.agreed():
+                    break
+                time.sleep(0.2)
         if signal_watch.agreed():
             save(step + 1, preempted=1)
             print(f"rank {rank}: signal received; checkpoint at step {step + 1}", flush=True)
