@@ -97,8 +97,8 @@ def read(path: str) -> dict:
         raise _corrupt(path, f"it cannot be read ({type(exc).__name__}: {exc})") from None
     try:
         return _decode_file(arrays)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise _corrupt(path, str(exc)) from None
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise _corrupt(path, f"{type(exc).__name__}: {exc}") from None
 
 
 def _attr_items(attrs: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -112,10 +112,8 @@ def _attr_items(attrs: Mapping[str, Any]) -> list[tuple[str, Any]]:
 def _encode(value: Any, where: str, arrays: dict[str, np.ndarray]) -> Any:
     """Return ``value``'s JSON tree, putting its arrays into ``arrays``."""
     kind = type(value)
-    if value is None or kind in (bool, int, str):
-        return value
-    if kind is float:
-        return value  # json writes repr (exact), NaN and Infinity
+    if value is None or kind in (bool, int, float, str):
+        return value  # json writes a float's repr (exact), NaN and Infinity
     if kind is list:
         return [_encode(v, f"{where}[{i}]", arrays) for i, v in enumerate(value)]
     if kind is tuple:
@@ -173,9 +171,7 @@ def _decode_file(arrays: dict[str, np.ndarray]) -> dict:
 
 
 def _decode(node: Any, arrays: dict[str, np.ndarray]) -> Any:
-    if node is None or type(node) in (bool, int, str):
-        return node
-    if type(node) is float:
+    if node is None or type(node) in (bool, int, float, str):
         return node
     if type(node) is list:
         return [_decode(v, arrays) for v in node]

@@ -129,7 +129,7 @@ def test_the_file_is_replaced_whole_and_only_its_owner_can_write_it(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "pickle", "garbage", "no_document",
-                                    "bad_document"])
+                                    "bad_document", "too_deep"])
 def test_a_damaged_or_foreign_file_is_refused_naming_it(tmp_path, damage):
     path = str(tmp_path / "elastic-state-0.npz")
     commit_file.write(path, [np.arange(100.0)], {"epoch": 1})
@@ -142,8 +142,10 @@ def test_a_damaged_or_foreign_file_is_refused_naming_it(tmp_path, damage):
         file.write_bytes(b"\x00" * 64)
     elif damage == "no_document":
         np.savez(path, value_00000=np.ones(2))
-    else:
+    elif damage == "bad_document":
         np.savez(path, commit_json=np.frombuffer(b'{"format": "x"}', np.uint8))
+    else:
+        np.savez(path, commit_json=np.frombuffer(b"[" * 100_000 + b"]" * 100_000, np.uint8))
     with pytest.raises(CheckpointCorruptError, match=f"elastic commit {path} is refused"):
         commit_file.read(path)
 
