@@ -304,7 +304,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "How many checkpoints CheckpointCallback keeps (at least 1; 2+ allows fallback)."),
     Setting("HPCREP_ELASTIC_DIR", str, "",
             "Directory where hvd.elastic states also write each commit (rank 0), and from which "
-            "a relaunched job's first sync resumes. Empty: commits stay in memory."),
+            "a relaunched job's first sync resumes. Empty: commits stay in memory. Each commit "
+            "is elastic-state-<id>.npz (arrays and plain attributes, never pickled; created "
+            "0700 if missing); a commit is refused if it or the directory is writable by group "
+            "or others (a sticky directory excepted for your own file) or owned by another "
+            "user, and an old elastic-state-<id>.pkl is refused, never loaded: delete it."),
     Setting("HPCREP_ELASTIC_MAX_NP", int, 0,
             "In-process elastic (ULFM; hpcrep run --max-np sets it): after ranks were lost, grow "
             "the job back up to this many ranks at a commit of @hvd.elastic.run's state, "

@@ -67,6 +67,22 @@ class CheckpointCorruptError(CheckpointError):
     """A checkpoint file is truncated, unreadable, or fails its checksum."""
 
 
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint or commit file is in a format hpcrep no longer reads (the pickled elastic
+    commits of earlier versions, ``elastic-state-<id>.pkl``: loading a pickle runs code)."""
+
+
+class UntrustedFileError(CheckpointError):
+    """A file hpcrep would load (an elastic commit), or its directory, can be written by other
+    users (group/other write permission) or belongs to another user: refused before it is read,
+    for whoever can write there could make the job load what they chose."""
+
+
+class NotPlainDataError(HpcrepError, TypeError):
+    """An elastic state's attribute is not plain data (None, bool, int, float, str, lists,
+    tuples, dicts, numpy scalars and arrays), so it cannot go into a commit on disk."""
+
+
 class SlurmError(HpcrepError):
     """Slurm cannot do what was asked (no job to requeue, ``scontrol``/``sbatch`` failed)."""
 

@@ -37,7 +37,7 @@ def short(name: str) -> str:
 
 def _write(directory: str, name: str, data: dict) -> None:
     path = os.path.join(directory, name)
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o700, exist_ok=True)  # as the elastic commits' directory
     with open(path + ".tmp", "w") as f:
         json.dump(data, f)
     os.replace(path + ".tmp", path)

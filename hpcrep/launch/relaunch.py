@@ -40,7 +40,7 @@ from hpcrep.comm import hosts_back
 from hpcrep.launch.hosts import Host
 
 PROBE_TIMEOUT = 20.0  # seconds the launcher may take to run `true` on a host
-COMMIT_GLOB = "elastic-state-*.pkl"  # what hvd.elastic's commit() writes (elastic/state.py)
+COMMIT_GLOB = "elastic-state-*.npz"  # what hvd.elastic's commit() writes (elastic/state.py)
 
 
 @dataclasses.dataclass(frozen=True)

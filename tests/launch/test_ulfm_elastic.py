@@ -250,7 +250,7 @@ def test_survivors_below_min_np_stop_with_a_message_and_leave_the_commit(ulfm_ve
         f"than HPCREP_ELASTIC_MIN_NP={RANKS}: the job stops; the last commit is in {commits}" \
         in done.stderr, output
     assert not list(scratch.glob("rank*.json")), "a survivor went on"
-    assert [p.name for p in commits.iterdir()] == ["elastic-state-0.pkl"], output
+    assert [p.name for p in commits.iterdir()] == ["elastic-state-0.npz"], output
 
 
 def first_step_after_resume(stderr: str, death: float) -> float:

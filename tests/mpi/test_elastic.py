@@ -1,12 +1,15 @@
 """hvd.elastic without a driver: commit/restore/sync of object, TensorFlow and Keras states
 (Horovod test_tensorflow.py::test_elastic_state) and @hvd.elastic.run."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import hpcrep.tensorflow as hvd
+from hpcrep.errors import NotPlainDataError, RemoteError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,14 +140,61 @@ def test_a_commit_on_disk_from_another_model_is_refused_with_what_differs(world,
     monkeypatch.setenv("HPCREP_ELASTIC_DIR", directory)
     before = hvd.elastic.TensorFlowKerasState(
         keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), epoch=1)
-    before.commit()  # rank 0 writes elastic-state-<id>.pkl; no rank returns before it is there
+    before.commit()  # rank 0 writes elastic-state-<id>.npz; no rank returns before it is there
     after = hvd.elastic.TensorFlowKerasState(
         keras.Sequential([keras.Input((3,)), keras.layers.Dense(3)]), epoch=0)
     after._state_id = before._state_id  # the same state of a changed script, run again
     if r == 0:
-        with pytest.raises(ValueError, match=r"elastic commit .*elastic-state-\d+\.pkl does not "
+        with pytest.raises(ValueError, match=r"elastic commit .*elastic-state-\d+\.npz does not "
                            r"fit this model: it holds 2 variables, the state has 2; variable 0 "
                            r"is \(3, 2\) there and \(3, 3\) here"):
             after._resume_from_disk()
         assert after.epoch == 0
+    hvd.barrier()
+
+
+def test_a_keras_state_commit_on_disk_comes_back_to_the_bit_with_its_types(world, monkeypatch,
+                                                                           tmp_path):
+    """What the existing states commit (a Keras model and its optimizer's slots, the epoch, a
+    History-like list, the transparent fit's logs keyed by epoch, numpy values) is written by
+    rank 0 with every rank waiting, and read back bitwise with the same Python types; the
+    directory hpcrep creates is private (0700)."""
+    r, _ = world
+    directory = os.path.join(hvd.broadcast_object(str(tmp_path), 0), "made-by-hpcrep")
+    monkeypatch.setenv("HPCREP_ELASTIC_DIR", directory)
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.1)), loss="mse")
+    model.fit(np.ones((4, 3), "float32"), np.zeros((4, 2), "float32"), verbose=0)
+    attrs = dict(epoch=2, rows=0, seed=12345, history=[0.5, float("nan")],
+                 logs={0: {"loss": 0.25}, 1: {"loss": 0.125, "val_loss": float("inf")}},
+                 lr=np.float32(0.1), best=(1, "a"))
+    state = hvd.elastic.TensorFlowKerasState(model, **attrs)
+    state.sync()
+    state.commit()  # rank 0 writes; no rank returns before the file is there
+    if r == 0:
+        assert os.stat(directory).st_mode & 0o777 == 0o700
+        read = state.committed()
+        assert read["attrs"].keys() == attrs.keys()
+        for name, value in attrs.items():
+            got = read["attrs"][name]
+            assert type(got) is type(value) and repr(got) == repr(value), name
+        assert type(read["attrs"]["lr"]) is np.float32
+        expected = [np.asarray(v.numpy()) for v in state.variables()]
+        assert len(read["values"]) == len(expected) > 2  # the optimizer's slots too
+        for got, want in zip(read["values"], expected):
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    hvd.barrier()
+
+
+def test_an_attribute_a_commit_cannot_hold_raises_on_every_rank(world, monkeypatch, tmp_path):
+    """A state attribute that is not plain data makes ``commit`` raise on rank 0, which writes,
+    naming it, and on every other rank too (no rank is left waiting for rank 0)."""
+    r, _ = world
+    monkeypatch.setenv("HPCREP_ELASTIC_DIR", hvd.broadcast_object(str(tmp_path), 0))
+    state = hvd.elastic.ObjectState(epoch=0, callback=print)
+    expected = NotPlainDataError if r == 0 else RemoteError
+    with pytest.raises(expected, match="attribute callback is a builtins.builtin_function"
+                       if r == 0 else "rank 0 failed in writing the elastic commit"):
+        state.commit()
     hvd.barrier()

@@ -55,7 +55,7 @@ def _launcher(codes, commit_on):
     def launch(ranks, hosts, env):
         calls.append((ranks, tuple(hosts), env["HPCREP_ELASTIC_DIR"]))
         if len(calls) in commit_on:
-            path = os.path.join(env["HPCREP_ELASTIC_DIR"], "elastic-state-0.pkl")
+            path = os.path.join(env["HPCREP_ELASTIC_DIR"], "elastic-state-0.npz")
             with open(path, "wb") as f:
                 f.write(b"commit %d" % len(calls))
             st = os.stat(path)  # a distinct time even on a coarse clock
@@ -172,7 +172,7 @@ def test_run_elastic_relaunches_a_job_that_stopped_to_grow_on_all_hosts(tmp_path
                                 reset_limit=0, min_np=1, probe_argv=lambda h: ["true"],
                                 log=lines.append, max_np=4)
     assert code == 0 and [(c[0], c[1]) for c in calls] == [(4, (A, B)), (4, (A, B))]
-    assert sorted(os.listdir(given)) == ["elastic-state-0.pkl"]
+    assert sorted(os.listdir(given)) == ["elastic-state-0.npz"]
     assert any("stopped at a commit to grow back" in line
                and "relaunching 4 rank(s) on node1:2, node2:2" in line for line in lines), lines
 

@@ -10,17 +10,18 @@ import copy
 import functools
 import itertools
 import os
-import pickle
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
 from hpcrep import comm, config
+from hpcrep.checkpoint import commit_file, private_dir, root_io
 from hpcrep.comm import grow, recovery
-from hpcrep.errors import HostsUpdatedInterrupt
+from hpcrep.errors import CheckpointFormatError, HostsUpdatedInterrupt, UntrustedFileError
 from hpcrep.tensorflow.variables import broadcast_object, broadcast_variables
 
 _state_ids = itertools.count()  # states are numbered in creation order, the same in every run
+_OLD_SUFFIX = ".pkl"  # the pickled commits of earlier versions: refused, never loaded
 
 
 class State:
@@ -47,34 +48,63 @@ class State:
 
     def commit(self) -> None:
         """Snapshot the state (what ``restore`` returns to); with ``HPCREP_ELASTIC_DIR`` rank 0
-        also writes it to disk, and no rank returns before the file is in place, so a rank that
-        fails after its commit can never leave an older commit behind.
+        also writes it to disk (:mod:`hpcrep.checkpoint.commit_file`: arrays and plain
+        attributes, never pickled; the file replaced atomically; a directory hpcrep creates is
+        0700), and no rank returns before the file is in place, so a rank that fails after its
+        commit can never leave an older commit behind.
 
         Collective with ``HPCREP_ELASTIC_DIR`` (every rank must call it, as Horovod's commit,
         which checks for host updates with the other ranks); local without.
+
+        Raises:
+            NotPlainDataError: on rank 0 (:class:`~hpcrep.errors.RemoteError` on the others),
+                with ``HPCREP_ELASTIC_DIR``, if an attribute is not plain data.
         """
         self.save()
         directory = config.get("HPCREP_ELASTIC_DIR")
-        if directory and comm.rank() == 0:
-            path = self._path(directory)
-            os.makedirs(directory, exist_ok=True)
-            with open(path + ".tmp", "wb") as f:
-                pickle.dump(self._snapshot(), f)
-            os.replace(path + ".tmp", path)  # a crash mid-write leaves the previous commit
         if directory:
-            comm.barrier()
+            error = None
+            if comm.rank() == 0:
+                try:
+                    private_dir.make(directory)
+                    snapshot = self._snapshot()
+                    commit_file.write(self._path(directory), snapshot.get("values", []),
+                                      snapshot["attrs"])
+                except Exception as exc:  # noqa: BLE001 - agreed below, then re-raised
+                    error = exc
+            root_io.agree_outcome(f"writing the elastic commit to {directory}", error)
         self.check_host_updates()
 
     def committed(self) -> Optional[dict]:
         """Return what a previous run's last :meth:`commit` of this state wrote to
         ``HPCREP_ELASTIC_DIR`` (a dict: ``attrs``, and ``values`` for variables), or None if
         nothing was. Local (the file is rank 0's; other ranks may not see it). The first sync
-        resumes from what this returned, without reading the file again."""
+        resumes from what this returned, without reading the file again.
+
+        Raises (before anything in the file is read):
+            CheckpointFormatError: the directory holds this state's commit in the old pickle
+                format (``elastic-state-<id>.pkl``), which hpcrep no longer loads.
+            UntrustedFileError: the commit or its directory can be written by other users, or
+                belongs to another user (:func:`hpcrep.checkpoint.private_dir.check_trusted`).
+            CheckpointCorruptError: the commit is truncated or not of hpcrep's format.
+        """
         directory = config.get("HPCREP_ELASTIC_DIR")
-        if not directory or not os.path.exists(self._path(directory)):
+        if not directory:
             return None
-        with open(self._path(directory), "rb") as f:
-            self._read_from_disk = pickle.load(f)
+        path, old = self._path(directory), self._path(directory, _OLD_SUFFIX)
+        if os.path.lexists(old):
+            raise CheckpointFormatError(
+                f"hpcrep: {old} is an elastic commit in the old pickle format, which hpcrep no "
+                "longer loads (loading a pickle runs whatever code it holds, and anyone who "
+                f"could write {directory} could have put it there). Expected "
+                f"{os.path.basename(path)} (arrays and plain data, never pickled). Delete "
+                f"{old} (its run starts afresh), or set HPCREP_ELASTIC_DIR to another directory.")
+        if not os.path.lexists(path):
+            return None
+        private_dir.check_trusted(path, "elastic commit", UntrustedFileError,
+                                  "set HPCREP_ELASTIC_DIR to a private directory (hpcrep "
+                                  "creates a missing one with mode 0700)")
+        self._read_from_disk = commit_file.read(path)
         return self._read_from_disk
 
     def _resume_from_disk(self) -> None:
@@ -95,8 +125,8 @@ class State:
         """Raise ValueError if the snapshot just loaded from ``path`` does not fit this state.
         Local."""
 
-    def _path(self, directory: str) -> str:
-        return os.path.join(directory, f"elastic-state-{self._state_id}.pkl")
+    def _path(self, directory: str, suffix: str = commit_file.SUFFIX) -> str:
+        return os.path.join(directory, f"elastic-state-{self._state_id}{suffix}")
 
     def _snapshot(self) -> dict:
         raise NotImplementedError
