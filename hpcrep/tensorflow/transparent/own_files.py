@@ -16,9 +16,10 @@ While the script runs:
 A file is the script's when the innermost caller of ``open``, among the script's file and
 hpcrep's modules, is the script: its own code, directly or through a library (PIL, numpy,
 matplotlib, pathlib, Keras called by the script), with no hpcrep frame in between. So hpcrep's
-files (checkpoints, ``model.save`` on rank 0) and what runs inside a patched ``fit`` are
-untouched. A directory is the script's when the script itself calls ``mkdir``/``makedirs``/
-``Path.mkdir`` (``tempfile.mkdtemp`` and lock files need ``FileExistsError``).
+files (checkpoints, ``model.save`` on rank 0) and what Keras writes inside a patched ``fit`` are
+untouched; a callback of the script's own is the script's. A directory is the script's when the
+script itself calls ``mkdir``/``makedirs``/``Path.mkdir`` (``tempfile.mkdtemp`` and lock files
+need ``FileExistsError``).
 
 Covered: ``open``/``io.open`` and what calls them (``pathlib.Path``, PIL, matplotlib,
 ``np.save``/``np.load``, ``pickle``, ``json``, ``csv``), ``numpy.lib._datasource.open``
@@ -26,7 +27,8 @@ Covered: ``open``/``io.open`` and what calls them (``pathlib.Path``, PIL, matplo
 (TensorFlow, h5py), subprocesses, modules that kept a reference to ``open`` from before the
 script ran, and whatever else the script does with the path: ``os.path.exists``, renaming,
 deleting, listing or a C reader act on the disk, where on ranks other than 0 the file is rank
-0's (or not there yet).
+0's (or not there yet). Ranks are those at start: after an elastic shrink, the new rank 0 still
+writes to its shadows.
 
 A script that knows its rank (:func:`hpcrep.launch.script_api.knows_rank`) writes per-rank files
 or guards its writes itself, and gets none of this. Rank 0 does not patch ``open``; on other
