@@ -9,22 +9,28 @@ hpcrep's modules where Horovod is not installed (:mod:`hpcrep.tensorflow.horovod
 ``hpcrep run`` chooses between the two by reading the script. ``python -m hpcrep --elastic
 script.py`` keeps ``fit`` going on the survivors of a failed rank where the MPI allows it
 (``HPCREP_TRANSPARENT_ELASTIC``, :mod:`hpcrep.tensorflow.transparent.elastic_fit`).
-An unhandled exception on any rank aborts every rank (see :mod:`hpcrep.launch.runner`).
+The files and directories an unchanged script makes itself end up as one process's would
+(:mod:`hpcrep.tensorflow.transparent.own_files`). An unhandled exception on any rank aborts every
+rank (see :mod:`hpcrep.launch.runner`).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import ContextManager
+from typing import ContextManager, Sequence
 
 EXPLICIT_FLAG = "--no-transparent"
 ELASTIC_FLAG = "--elastic"
 
 
-def _transparent() -> ContextManager:
+def _transparent(target: Sequence[str]) -> ContextManager:
+    from hpcrep.launch.runner import script_file  # noqa: PLC0415
+    from hpcrep.launch.script_api import script_knows_rank  # noqa: PLC0415
     from hpcrep.tensorflow.transparent import transparent  # noqa: PLC0415 - imports TensorFlow
 
-    return transparent()
+    script = script_file(target)  # a script that knows its rank looks after its own files:
+    return transparent(script=None if script is None or script_knows_rank(script) else script)
 
 
 def _explicit() -> ContextManager:
@@ -47,4 +53,4 @@ if __name__ == "__main__":
         argv = argv[1:]
     explicit = argv[:1] == [EXPLICIT_FLAG]
     sys.exit(main(argv[1:] if explicit else argv,
-                  context=_explicit if explicit else _transparent))
+                  context=_explicit if explicit else functools.partial(_transparent, argv)))

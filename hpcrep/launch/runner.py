@@ -13,12 +13,13 @@ script runs in.
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import os
 import runpy
 import socket
 import sys
 import traceback
-from typing import Callable, ContextManager, Optional, Sequence
+from typing import Callable, ContextManager, Iterable, Optional, Sequence
 
 USAGE = "usage: python -m hpcrep script.py [args ...] | -m module [args ...]"
 
@@ -47,6 +48,35 @@ def execute(target: Sequence[str]) -> None:
     sys.argv = [path, *target[1:]]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     runpy.run_path(path, run_name="__main__")
+
+
+def script_file(target: Sequence[str]) -> Optional[str]:
+    """Return the file :func:`execute` would run for ``target``: the script's path as given, or
+    the module's (a package's ``__main__``), found without importing anything; None if there is
+    none. Local."""
+    target = list(target)
+    if target[:1] != ["-m"]:
+        found = target[0] if target and not target[0].startswith("-") else None
+        return found if found is not None and os.path.isfile(found) else None
+    if len(target) < 2:
+        return None
+    spec = _find_spec(target[1])
+    if spec is not None and spec.submodule_search_locations is not None:  # runs its __main__
+        spec = _find_spec(f"{target[1]}.__main__")
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def _find_spec(name: str) -> Optional[importlib.machinery.ModuleSpec]:
+    parts, spec = name.split("."), None
+    path: Optional[Iterable[str]] = [os.getcwd(), *sys.path]  # runs as python -m would
+    for i in range(len(parts)):
+        if path is None:  # a module has no submodules
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]), path)
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec
 
 
 def _world() -> tuple[int, int]:

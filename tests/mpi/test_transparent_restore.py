@@ -2,6 +2,9 @@
 
 Runs under ``mpirun -n 4`` and ``-n 1`` (make test-mpi)."""
 
+import builtins
+import io
+import os
 import sys
 
 import keras
@@ -190,3 +193,23 @@ def test_on_rank_zero_is_true_on_rank_0_only():
         inside = on_rank_zero()
     assert inside == (hvd.rank() == 0) == on_rank_zero()
     assert sum(hvd.allgather_object(inside)) == 1
+
+
+def test_the_scripts_own_files_are_patched_under_a_script_and_restored_on_exit(world, tmp_path):
+    # python -m hpcrep passes the script: here this file is "the script". Every rank writes
+    # a file of its own tmp_path; on disk it exists on rank 0 alone, each rank reads its own back.
+    r, n = world
+    originals = (builtins.open, io.open, os.mkdir, os.makedirs)
+    path = tmp_path / "notes.txt"
+    with transparent(announce=False, script=__file__):
+        assert (builtins.open is originals[0]) == (r == 0)
+        with open(path, "w") as f:
+            f.write(f"rank {r}")
+        with open(path) as f:
+            back = f.read()
+        on_disk = path.exists()
+    assert back == f"rank {r}"
+    assert on_disk == (r == 0) == path.exists()
+    assert (builtins.open, io.open, os.mkdir, os.makedirs) == originals
+    with transparent(announce=False):  # from code, without a script: nothing of the sort
+        assert (builtins.open, io.open, os.mkdir, os.makedirs) == originals

@@ -16,19 +16,18 @@
 - printing, ``model.save`` and ``save_weights`` (atomic) happen on rank 0, and ``load_weights``
   reads on rank 0 for every rank (:mod:`.rank_zero`).
 
-Not patched: files a script writes itself (``np.save``, ``PIL.Image.save``, ``savefig``,
-``open(path, "w")``) and the directories it makes. Every rank runs the script, so every rank
-writes them, to the same path at once; ``if on_rank_zero(): ...`` keeps a write on rank 0, and
-``os.makedirs(d, exist_ok=True)`` makes a directory without the race of
-``if not os.path.exists(d): os.makedirs(d)``. (Patching them would change ``os.makedirs`` for
-every library in the process, and a rank-0-only ``np.save`` would either leave other ranks
-reading a file not written yet or need a collective that hangs a script that already guards its
-writes with ``if rank == 0``.)
+Under ``python -m hpcrep``, also the files and directories the script makes itself (unless it
+knows its rank): on disk a file is rank 0's, whole, while each rank reads back what it wrote, and
+``if not os.path.exists(d): os.makedirs(d)`` does not fail on the rank that loses the race
+(:mod:`.own_files`). From code (``with transparent():``) they are not patched: a script that
+enters transparent mode itself knows it runs on N ranks; ``if on_rank_zero(): ...`` keeps a write
+on rank 0.
 
 Each of these modules has an ``install(patches)`` that patches its own attributes, and only
-those. The patches talk to each other only through the per-thread state of :mod:`.state` (inside
-``fit``? creating variables locally?); :mod:`.patching` records every patch so that
-:meth:`PatchSet.restore` undoes all of them on exit, in reverse order.
+those (:mod:`.own_files` takes the script's path too). The patches talk to each other only
+through the per-thread state of :mod:`.state` (inside ``fit``? creating variables locally?);
+:mod:`.patching` records every patch so that :meth:`PatchSet.restore` undoes all of them on exit,
+in reverse order.
 
 It is a thin layer over the explicit API (``DistributedOptimizer``'s gradient reducer,
 ``broadcast_variables``, the Keras callbacks), not a second implementation.
@@ -42,6 +41,7 @@ from types import ModuleType
 from typing import Iterator, Optional
 
 from hpcrep import comm
+from hpcrep.tensorflow.transparent import own_files
 from hpcrep.tensorflow.transparent.patching import PatchSet
 
 _active: Optional[PatchSet] = None
@@ -81,13 +81,15 @@ def summary(patches: PatchSet) -> str:
 
 
 @contextlib.contextmanager
-def transparent(announce: bool = True) -> Iterator[PatchSet]:
+def transparent(announce: bool = True, script: Optional[str] = None) -> Iterator[PatchSet]:
     """Patch TensorFlow/Keras for data-parallel training; undo every patch on exit.
 
     Initialises hpcrep (and TensorFlow's thread pools) if needed. Nested use is a no-op.
 
     Args:
         announce: print the start-up summary on rank 0 (to stderr).
+        script: the script that ``python -m hpcrep`` runs, whose own files and directories
+            :mod:`.own_files` looks after; None leaves them alone.
 
     Collective: every rank must enter (and leave) the context, in the same order.
     """
@@ -102,6 +104,8 @@ def transparent(announce: bool = True) -> Iterator[PatchSet]:
     try:
         for module in installers():  # in this order: see installers()
             module.install(patches)
+        if script is not None:  # last in, first restored: nothing after it opens the script's files
+            own_files.install(patches, script)
         _active = patches
         if announce and comm.rank() == 0:
             print(summary(patches), file=sys.stderr, flush=True)
@@ -120,8 +124,9 @@ def on_rank_zero() -> bool:
     """Return True where a script's own file writes belong: on rank 0, or in a plain
     one-process run (hpcrep not initialised, e.g. ``python script.py``).
 
-    Transparent mode keeps Keras's saves and printing on rank 0, not the files a script writes
-    itself; guard those with one line: ``if on_rank_zero(): image.save(path)``. Local.
+    Under ``python -m hpcrep`` the files a script writes itself end up as rank 0's without it
+    (:mod:`.own_files`); with ``with transparent():`` guard them with one line:
+    ``if on_rank_zero(): image.save(path)``. Local.
     """
     return not comm.is_initialized() or comm.rank() == 0
 
