@@ -31,6 +31,7 @@ import time
 from typing import Any, Optional
 
 from bench.peers import horovod_status
+from bench.progress import Progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("resnet50", "sngan", "d4pg")
@@ -162,20 +163,30 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
     report["peers"]["horovod"] = horovod = horovod_status(ROOT)
     if horovod["status"] != "importable":
         print(f"bench: Horovod {horovod['status']}: {horovod['how_to_build']}", flush=True)
+    modes = MODES + tuple(variants)
+    with_memory = not args.no_memory and nodes is None and args.model == "all"
+    progress = Progress([job_kind(model, n, variant) for model in models
+                         for _, (n, variant) in model_jobs(model, ranks, args, modes, nodes,
+                                                           horovod.get("python"))]
+                        + ([] if args.no_allreduce else ["allreduce"])
+                        + (["memory"] if with_memory else []))
+    print(f"bench: {progress.total} jobs to run", flush=True)
     for model in models:
-        report["models"][model] = run_model(model, ranks, args, out, report["errors"],
-                                            MODES + tuple(variants), nodes,
-                                            horovod.get("python"))
+        report["models"][model] = run_model(model, ranks, args, out, report["errors"], modes,
+                                            nodes, horovod.get("python"), progress)
     if not args.no_allreduce:
-        cpu_start = _children_cpu_seconds()
+        cpu_start, began, errors = _children_cpu_seconds(), time.time(), len(report["errors"])
         report["allreduce"] = run_allreduce([r for r in ranks if r > 1] or [2], out, args.quick,
                                             report["errors"], nodes)
         report["allreduce_cpu_seconds"] = _children_cpu_seconds() - cpu_start
-    if not args.no_memory and nodes is None and args.model == "all":
+        progress.finished("allreduce", time.time() - began, len(report["errors"]) == errors)
+    if with_memory:
         from bench import memory  # noqa: PLC0415
 
+        began, errors = time.time(), len(report["errors"])
         report["memory"] = memory.run(ranks, out, args.quick, report["errors"], args.timeout,
                                       args.cores_per_rank)
+        progress.finished("memory", time.time() - began, len(report["errors"]) == errors)
     report["seconds"] = time.time() - start
     report["load"]["end"] = load_snapshot()
     report_mod.derive(report)
@@ -187,9 +198,18 @@ def _main(args: argparse.Namespace, nodes: Any) -> int:
     return 1 if report["errors"] else 0
 
 
+def model_jobs(model: str, ranks: list[int], args: argparse.Namespace, modes: tuple,
+               nodes: Any, horovod_python: Optional[str]) -> list[tuple[int, tuple[int, str]]]:
+    """Return ``model``'s jobs in the order :func:`run_model` runs them: ``(repeat, (ranks,
+    variant))`` pairs. Pure."""
+    plan = [(n, variant) for n in ranks for variant in job_variants(model, modes, args, nodes,
+                                                                      horovod_python)]
+    return job_order(plan, getattr(args, "repeats", None) or 1)
+
+
 def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
               errors: list, modes: tuple = MODES, nodes: Any = None,
-              horovod_python: Optional[str] = None) -> dict:
+              horovod_python: Optional[str] = None, progress: Optional[Progress] = None) -> dict:
     """Run ``model``'s benchmark jobs at each rank count, each ``args.repeats`` times, and pool
     the repeats (:func:`bench.pooling.pool_jobs`); return {unit, runs: mode -> ranks -> r,
     peer_jobs: peer -> ranks -> {nosync: r}, jobs: "n/variant" -> its jobs' times}.
@@ -204,10 +224,10 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
     from bench.pooling import pool_jobs  # noqa: PLC0415
 
     repeats = getattr(args, "repeats", None) or 1
-    plan = [(n, variant) for n in ranks for variant in job_variants(model, modes, args, nodes,
-                                                                      horovod_python)]
-    done: dict[tuple[int, str], list[dict]] = {key: [] for key in plan}
-    for repeat, (n, variant) in job_order(plan, repeats):
+    jobs = model_jobs(model, ranks, args, modes, nodes, horovod_python)
+    done: dict[tuple[int, str], list[dict]] = {key: [] for _, key in jobs}
+    for repeat, (n, variant) in jobs:
+        began = time.time()
         name = f"{model}-{n}-{variant.split(',')[0]}"
         path = os.path.join(out, "jobs", f"{name}-{repeat}.json" if repeats > 1
                             else f"{name}.json")
@@ -221,6 +241,9 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
                        f"job {repeat} of {repeats}" if repeats > 1 else "")
         if data is not None:
             done[(n, variant)].append(data)
+        if progress is not None:
+            progress.finished(job_kind(model, n, variant), time.time() - began,
+                              data is not None)
     result: dict[str, Any] = {"runs": {}, "jobs": {}, "peer_jobs": {}, "repeats": repeats}
     for (n, variant), datas in done.items():
         if not datas:
@@ -246,6 +269,11 @@ def run_model(model: str, ranks: list[int], args: argparse.Namespace, out: str,
                 if own else result["runs"].setdefault(mode, {})
             target["nosync" if own else str(n)] = timing
     return result
+
+
+def job_kind(model: str, n: int, variant: str) -> str:
+    """What makes two benchmark jobs alike in length, for :class:`bench.progress.Progress`."""
+    return f"{model} x{n} {variant}"
 
 
 def job_order(plan: list, repeats: int) -> list[tuple[int, Any]]:
