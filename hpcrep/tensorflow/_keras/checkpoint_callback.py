@@ -211,6 +211,13 @@ class CheckpointCallback(keras.callbacks.Callback):
     ``fit`` then counts epochs from its own ``initial_epoch``). A checkpoint taken mid-epoch on
     a signal resumes at the start of that epoch with the mid-epoch weights.
 
+    Files are named by the training steps run (``ckpt-<steps>.h5``), applied or skipped: a
+    ``LossScaleOptimizer`` that skips a step on inf/NaN gradients does not advance
+    ``optimizer.iterations``, which is saved as the ``iterations`` attribute instead. Every save
+    gets a larger name than the one before and than the checkpoint it resumed from (whose name
+    is where the count continues; a checkpoint of an older hpcrep, named by iterations,
+    resumes the same way), so a restore always finds the newest.
+
     Args:
         directory: checkpoint directory (see :class:`hpcrep.checkpoint.CheckpointManager`).
         keep: checkpoints to keep; default ``HPCREP_CHECKPOINT_KEEP``.
@@ -234,6 +241,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._did_restore = False
         self._signal: Optional[PreemptionSignal] = None
         self._epoch = 0
+        self._steps = 0  # training steps run, applied or skipped: the next save's name
+        self._epoch_start = 0  # self._steps when the current epoch began
+        self._last_saved = -1  # the name of the last save (or of the restored checkpoint)
 
     def restore(self, model: Any = None) -> int:
         """Load the newest good checkpoint into ``model`` (default: the callback's model).
@@ -247,28 +257,38 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self.restored is None:
             return 0
         load_training_state(self.restored, model, getattr(model, "optimizer", None))
+        self._steps = self._last_saved = self.restored.step
         if comm.rank() == 0:
             log.warning("resumed from %s (epoch %d, step %d)", self.restored.path,
                         self.restored.epoch, self.restored.step)
         return self.restored.epoch
 
     def save(self, epoch: int, **metadata: Any) -> str:
-        """Save the model's state now as having completed ``epoch`` epochs. Collective."""
+        """Save the model's state now as having completed ``epoch`` epochs, under a name larger
+        than any this callback saved or restored before. Collective."""
         optimizer = getattr(self.model, "optimizer", None)
-        step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
-        return self.manager.save(training_state(self.model, optimizer), step=step, epoch=epoch,
-                                 **metadata)
+        iterations = _iterations(optimizer)
+        step = max(self._steps, iterations, self._last_saved + 1)
+        path = self.manager.save(training_state(self.model, optimizer), step=step, epoch=epoch,
+                                 iterations=iterations, **metadata)
+        self._last_saved = step
+        return path
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
         if not self._did_restore:
             self.restore(self.model)
+        # A model trained before this callback saw it: at least the steps its optimizer applied.
+        self._steps = max(self._steps, _iterations(getattr(self.model, "optimizer", None)))
         if self.signum is not None:
             self._signal = PreemptionSignal(self.signum)
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         self._epoch = epoch
+        self._epoch_start = self._steps
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        # ``batch`` is the epoch's last step run (with steps_per_execution, the last of several).
+        self._steps = self._epoch_start + batch + 1
         if self._signal is None or not self._signal.agreed():
             return
         self.save(self._epoch, batch=batch + 1, preempted=1)
@@ -287,6 +307,11 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self._signal is not None:
             self._signal.close()
             self._signal = None
+
+
+def _iterations(optimizer: Any) -> int:
+    """The optimizer's applied steps (a LossScaleOptimizer's: its inner one's), 0 without one."""
+    return int(optimizer.iterations.numpy()) if optimizer is not None else 0
 
 
 def callback_from_settings() -> Optional[CheckpointCallback]:
