@@ -22,6 +22,7 @@ from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, 
 from hpcrep.errors import CheckpointError
 from hpcrep.tensorflow import sharded_variables, zero
 from hpcrep.tensorflow._keras import lr_scale
+from hpcrep.tensorflow.optimizer import accumulation_variables
 from hpcrep.tensorflow.powersgd import rank_local_variables
 
 log = logging.getLogger("hpcrep.checkpoint")
@@ -72,8 +73,10 @@ def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
     :mod:`hpcrep.tensorflow.zero`) is gathered to the layout of the unsharded optimizer, so the
     checkpoint restores with or without sharding, at any number of ranks. State that differs
     between ranks by design (PowerSGD's error buffers,
-    :func:`hpcrep.tensorflow.powersgd.rank_local_variables`) is gathered from every rank into
-    ``"rank_local": {"<rank>": [...]}``.
+    :func:`hpcrep.tensorflow.powersgd.rank_local_variables`, and the gradients summed so far
+    for ``backward_passes_per_step`` with their pass counter,
+    :func:`hpcrep.tensorflow.optimizer.accumulation_variables`) is gathered from every rank
+    into ``"rank_local": {"<rank>": [...]}``.
 
     Local for a model without sharded variables, sharded optimizer state or per-rank state;
     with any of them, collective: every rank must call this, in the same order.
@@ -95,10 +98,15 @@ def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
                            for v, s in zip(variables, var_specs)],
                  "optimizer": saved_slots,
                  "rng": {**host_rng_state(), **tf_rng_state()}}
-    local = rank_local_variables(optimizer)
+    local = _per_rank(optimizer)
     if local:
         state["rank_local"] = _gather_rank_local(local)
     return state
+
+
+def _per_rank(optimizer: Any) -> list:
+    """The optimizer's per-rank state, in the order checkpoints hold it. Local."""
+    return rank_local_variables(optimizer) + accumulation_variables(optimizer)
 
 
 def _check_not_both_sharded(optimizer: Any, var_specs: list) -> None:
@@ -113,19 +121,21 @@ def _check_not_both_sharded(optimizer: Any, var_specs: list) -> None:
 
 def _gather_rank_local(variables: list) -> dict[str, list[np.ndarray]]:
     """Every rank's values of ``variables``, keyed by rank (``"00003"``). Collective."""
-    mine = [np.ascontiguousarray(v.numpy()) for v in variables]
+    mine = [np.array(v.numpy(), order="C") for v in variables]  # (ascontiguousarray: 0-d to 1-d)
     size = comm.size() if comm.is_initialized() else 1
     if size == 1:
         return {f"{0:05d}": mine}
-    gathered = comm.grouped_allgather(mine, name="rank_local_state")
-    return {f"{r:05d}": [g[r * a.shape[0]:(r + 1) * a.shape[0]] for g, a in zip(gathered, mine)]
+    rows = [np.atleast_1d(a) for a in mine]  # scalars (a pass counter) gathered as one row
+    gathered = comm.grouped_allgather(rows, name="rank_local_state")
+    return {f"{r:05d}": [g[r * w.shape[0]:(r + 1) * w.shape[0]].reshape(a.shape)
+                         for g, w, a in zip(gathered, rows, mine)]
             for r in range(size)}
 
 
 def _restore_rank_local(ckpt: Checkpoint, optimizer: Any) -> None:
     """Give this rank its own saved per-rank state back; zero it (with a warning) when the
     checkpoint has none for this number of ranks. Local."""
-    local = rank_local_variables(optimizer)
+    local = _per_rank(optimizer)
     if not local:
         return
     rank = comm.rank() if comm.is_initialized() else 0
@@ -138,15 +148,17 @@ def _restore_rank_local(ckpt: Checkpoint, optimizer: Any) -> None:
             v.assign(a)
         return
     if rank == 0:
-        log.warning("%s holds per-rank state (PowerSGD error buffers) of %d rank(s), this run "
-                    "has %d: the error buffers restart from zero", ckpt.path, ranks_saved, size)
+        log.warning("%s holds per-rank state (PowerSGD error buffers, gradients accumulated "
+                    "for backward_passes_per_step) of %d rank(s), this run has %d: it restarts "
+                    "from zero", ckpt.path, ranks_saved, size)
     for v in local:
         v.assign(tf.zeros_like(v))
 
 
 def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> None:
     """Assign a checkpoint's model and optimizer variables and RNG state, and this rank's own
-    per-rank state (zeroed if the checkpoint has none for this number of ranks). Local.
+    per-rank state (zeroed if the checkpoint has none for this number of ranks: PowerSGD's
+    error buffers restart, and so does an accumulation of ``backward_passes_per_step``). Local.
 
     A sharded variable (and its optimizer slots) takes this rank's slice of the whole variable
     the checkpoint holds, whatever the number of shards it was saved with.
