@@ -12,11 +12,18 @@ rank skips or applies the same steps.
 
 With ``backward_passes_per_step=k`` gradients are summed locally for k calls and exchanged once on
 the k-th, which then applies them (the optimizer's iteration counter advances once per k calls).
+The sums so far and the pass counter are created when the optimizer is built, as per-rank state
+besides its ``variables`` (:func:`accumulation_variables`): hpcrep's checkpoints
+(``training_state``, ``CheckpointCallback``) save and restore every rank's own, so a run saved
+between two applies resumes exactly. Keras's own files (``save_weights``, ``BackupAndRestore``)
+are written by one rank and cannot hold them: saving one mid-accumulation warns, and loading one
+starts a new accumulation.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Optional
 
 import keras
@@ -51,11 +58,36 @@ class _DistributedMixin:
 
     def build(self, variables: Any) -> None:
         """Keras's ``build``, then the compression's state (PowerSGD's) as this optimizer's
-        variables, after Keras's own. Local."""
+        variables, after Keras's own, and the accumulators of ``backward_passes_per_step``.
+        Local."""
         super().build(variables)
         reducer = getattr(self, "_hpcrep_reducer", None)  # None while from_config constructs
         if reducer is not None:
             reducer.build_state(self, list(variables))
+        if getattr(self, "_hpcrep_passes", 1) > 1:
+            self._hpcrep_build_accumulators(list(variables))
+
+    def save_own_variables(self, store: Any) -> None:
+        """Keras saving: the optimizer's variables; warns when gradients accumulated for
+        ``backward_passes_per_step`` are pending, which a Keras file cannot hold. Local."""
+        count = getattr(self, "_hpcrep_count", None)
+        if count is not None and int(count.numpy()) % self._hpcrep_passes:
+            warnings.warn(
+                f"{self.name}: saved by Keras between two applies of backward_passes_per_step="
+                f"{self._hpcrep_passes} ({int(count.numpy()) % self._hpcrep_passes} pass(es) "
+                "accumulated); the file holds no per-rank partial sums, so a resume from it "
+                "starts a new accumulation and differs from an uninterrupted run. Save after a "
+                "multiple of backward_passes_per_step passes, or checkpoint with "
+                "hpcrep.checkpoint (training_state, CheckpointCallback), which holds them.",
+                stacklevel=2)
+        super().save_own_variables(store)
+
+    def load_own_variables(self, store: Any) -> None:
+        """Keras loading: the optimizer's variables, and a new accumulation (the loaded state
+        follows no pass of this run). Local."""
+        super().load_own_variables(store)
+        for v in accumulation_variables(self):
+            v.assign(tf.zeros_like(v))
 
     @checks_replicas  # the replica canary, every HPCREP_CHECK_REPLICAS steps
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
@@ -97,7 +129,9 @@ class _DistributedMixin:
 
     def _hpcrep_accumulate_and_apply(self, grads: list, variables: Optional[list]) -> Any:
         sources = self._hpcrep_sources(variables)
-        accumulators, count = self._hpcrep_accumulators(sources)
+        # In the order of ``sources``: the accumulators are in the order the optimizer was built.
+        accumulators = [self._hpcrep_acc[self._get_variable_index(v)] for v in sources]
+        count = self._hpcrep_count
         for acc, g in zip(accumulators, grads):
             if g is not None:
                 acc.assign_add(tf.convert_to_tensor(g))
@@ -117,16 +151,25 @@ class _DistributedMixin:
         return tf.cond(tf.equal(count % passes, 0), exchange_and_apply,
                        lambda: tf.constant(False))
 
-    def _hpcrep_accumulators(self, variables: list) -> tuple[list, tf.Variable]:
-        # Plain tf.Variables, not optimizer variables: a saved optimizer stays loadable without
-        # hpcrep. Created once, outside any tf.function trace.
+    def _hpcrep_build_accumulators(self, variables: list) -> None:
+        # Plain tf.Variables, not optimizer variables: a Keras file of the optimizer stays
+        # loadable without hpcrep. Created once, outside any tf.function trace.
         if getattr(self, "_hpcrep_acc", None) is None:
             with tf.init_scope():
                 self._hpcrep_acc = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
                                                 name="hpcrep_accumulator") for v in variables]
                 self._hpcrep_count = tf.Variable(0, dtype=tf.int64, trainable=False,
                                                  name="hpcrep_pass_count")
-        return self._hpcrep_acc, self._hpcrep_count
+
+
+def accumulation_variables(optimizer: Any) -> list[tf.Variable]:
+    """Return the pass counter and the per-variable sums of ``backward_passes_per_step``
+    (this rank's own) that ``optimizer``, or the optimizer a LossScaleOptimizer wraps, holds
+    besides its ``variables``; empty for one pass per step or before it is built. Local."""
+    for candidate in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if isinstance(candidate, _DistributedMixin) and getattr(candidate, "_hpcrep_acc", None):
+            return [candidate._hpcrep_count, *candidate._hpcrep_acc]
+    return []
 
 
 @functools.lru_cache(maxsize=None)

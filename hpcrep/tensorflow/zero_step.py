@@ -78,8 +78,17 @@ class ShardedState:
     # -- build ---------------------------------------------------------------------------------
 
     def build(self, variables: Sequence[Any]) -> None:
-        """Create this rank's parameter slice and the inner optimizer on it. Local."""
-        variables = list(variables)
+        """Create this rank's parameter slice and the inner optimizer on it. Local.
+
+        Runs eagerly even when called inside a ``tf.function`` trace (the first ``apply`` of a
+        custom loop): the optimizer's config reads the learning rate's value, and the slice and
+        the inner copy's variables must be created once, outside the graph, as Keras creates
+        its own optimizer variables.
+        """
+        with tf.init_scope():
+            self._build(list(variables))
+
+    def _build(self, variables: list[Any]) -> None:
         dtypes = {tf.as_dtype(v.dtype) for v in variables}
         if len(dtypes) != 1:
             raise ShardedStateError(
@@ -101,17 +110,16 @@ class ShardedState:
             decayed = [bool(self.outer._use_weight_decay(v)) for v in variables]
             if not all(decayed):  # Keras decays per variable: done here, with a mask
                 self.decay_mask = decayed
-        with tf.init_scope():
-            self.entries = full_layout(self.base, config_of_outer, variables)
-            self.shard = keras.Variable(keras.initializers.Zeros(), shape=(self.layout.shard,),
-                                        dtype=self.dtype.name, trainable=False,
-                                        name="hpcrep_zero_shard")
-            self.inner = _inner_class(self.base).from_config(config)
-            object.__setattr__(self.inner, "_hpcrep_outer", self.outer)
-            object.__setattr__(self.inner, "_hpcrep_slots", {})
-            if self.decay_mask is not None:  # the inner copy must not decay the whole slice
-                self.inner.exclude_from_weight_decay(var_list=[self.shard])
-            self.inner.build([self.shard])
+        self.entries = full_layout(self.base, config_of_outer, variables)
+        self.shard = keras.Variable(keras.initializers.Zeros(), shape=(self.layout.shard,),
+                                    dtype=self.dtype.name, trainable=False,
+                                    name="hpcrep_zero_shard")
+        self.inner = _inner_class(self.base).from_config(config)
+        object.__setattr__(self.inner, "_hpcrep_outer", self.outer)
+        object.__setattr__(self.inner, "_hpcrep_slots", {})
+        if self.decay_mask is not None:  # the inner copy must not decay the whole slice
+            self.inner.exclude_from_weight_decay(var_list=[self.shard])
+        self.inner.build([self.shard])
         slot_ids = {id(s) for s in self.inner._hpcrep_slots.values()}
         initial = len(self.outer.variables)
         self.extras = [v for v in self.inner.variables[initial:] if id(v) not in slot_ids]

@@ -85,3 +85,47 @@ def test_signal_saves_and_stops(world, shared_dir):
     assert ckpt.attrs["preempted"] == 1 and ckpt.epoch == 0
     assert ckpt.attrs["batch"] in (2, 3) and ckpt.step == ckpt.attrs["batch"]
     assert int(model.optimizer.iterations.numpy()) == ckpt.step
+
+
+def loss_scaled_model(seed):
+    """Under mixed_float16, with a loss scale so large that every step of the first epochs
+    overflows in float16 and is skipped: the optimizer's step counter stays at 0 meanwhile."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.LossScaleOptimizer(
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+        initial_scale=2.0 ** 60), "mse", jit_compile=False)
+    return model
+
+
+@pytest.mark.timeout(180)
+def test_saves_of_skipped_steps_keep_their_own_names(world, shared_dir):
+    """Steps a LossScaleOptimizer skips do not advance ``optimizer.iterations``: each save still
+    gets its own, larger name, and a resume finds the newest."""
+    r, n = world
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = loss_scaled_model(3)
+        cb = CheckpointCallback(shared_dir, keep=5, signum=None)
+        fit(model, r, epochs=2, callbacks=[cb])
+        assert int(model.optimizer.iterations.numpy()) == 0  # every step skipped
+        assert float(model.optimizer.dynamic_scale.numpy()) == 2.0 ** (60 - 8)
+        saved = [s for s, _ in cb.manager.checkpoints()]
+        assert saved == [4, 8], f"one file per save, named by steps run; got {saved}"
+        assert cb.manager.restore().epoch == 2
+
+        resumed = loss_scaled_model(50 + r)
+        again = CheckpointCallback(shared_dir, keep=5, signum=None)
+        assert again.restore(resumed) == 2
+        fit(resumed, r, epochs=3, initial_epoch=2, callbacks=[again])
+        fit(model, r, epochs=3, initial_epoch=2)  # the run that was never interrupted
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    assert [s for s, _ in again.manager.checkpoints()] == [4, 8, 12]
+    newest = again.manager.restore()
+    assert newest.epoch == 3 and newest.attrs["iterations"] == 0
+    for a, b in zip(resumed.get_weights() + [v.numpy() for v in resumed.optimizer.variables],
+                    model.get_weights() + [v.numpy() for v in model.optimizer.variables]):
+        np.testing.assert_array_equal(a, b)

@@ -161,6 +161,116 @@ def test_backward_passes_need_the_variables_until_built(world):
         np.testing.assert_allclose(v.numpy(), b - 0.1 * 2, rtol=1e-6)  # summed: 2 passes of 1
 
 
+def accumulating(seed):
+    """A model and a DistributedOptimizer summing 2 passes per apply, built, and its pass."""
+    model = make_model(seed)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                   backward_passes_per_step=2)
+    opt.build(model.trainable_variables)
+
+    @tf.function(jit_compile=False)
+    def half_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    return model, opt, half_step
+
+
+def halves(x, n, r):
+    """This rank's half-batches, two per step."""
+    out = []
+    for k in range(K):
+        rows = np.arange(len(x))[step_slices(k, n, r)[1]]
+        out += [rows[: B // 2], rows[B // 2:]]
+    return out
+
+
+def full_state(model, opt):
+    from hpcrep.tensorflow.optimizer import accumulation_variables
+
+    return [np.asarray(v.numpy()) for v in (model.weights + opt.variables
+                                            + accumulation_variables(opt))]
+
+
+@pytest.mark.timeout(180)
+def test_backward_passes_resume_mid_accumulation_equals_uninterrupted(world, shared_dir):
+    """A checkpoint between two applies holds every rank's partial sums and the pass counter:
+    restored into a fresh model and optimizer, the run goes on bit for bit as if never stopped."""
+    from hpcrep.checkpoint import CheckpointManager
+    from hpcrep.tensorflow.checkpoint_callback import load_training_state, training_state
+
+    r, n = world
+    x, y = global_data(n)
+    passes = halves(x, n, r)
+    stop = 2 * (K // 2) + 1  # odd: one pass summed, not yet applied
+
+    straight, straight_opt, straight_step = accumulating(seed=7)
+    for rows in passes:
+        straight_step(x[rows], y[rows])
+
+    first, first_opt, first_step = accumulating(seed=7)
+    for rows in passes[:stop]:
+        first_step(x[rows], y[rows])
+    assert int(first_opt.iterations) == stop // 2
+    manager = CheckpointManager(shared_dir)
+    manager.save(training_state(first, first_opt), step=stop)
+    saved = full_state(first, first_opt)
+
+    resumed, resumed_opt, resumed_step = accumulating(seed=50 + r)  # a fresh process's weights
+    load_training_state(manager.restore(), resumed, resumed_opt)
+    restored = full_state(resumed, resumed_opt)
+    assert len(restored) == len(saved) == 4 + 2 + 4 + 1 + 4
+    for a, b in zip(restored, saved):
+        np.testing.assert_array_equal(a, b)
+    assert int(restored[-5]) == stop and np.abs(restored[-1]).max() > 0  # mid-accumulation
+    for rows in passes[stop:]:
+        resumed_step(x[rows], y[rows])
+    assert int(resumed_opt.iterations) == int(straight_opt.iterations) == K
+    assert_same_on_all_ranks(resumed.get_weights())
+    for a, b in zip(full_state(resumed, resumed_opt), full_state(straight, straight_opt)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.timeout(180)
+def test_backward_passes_fit_resumes_mid_accumulation_with_checkpoint_callback(world,
+                                                                             shared_dir):
+    """fit with 3 batches an epoch and 2 passes per apply ends epoch 1 mid-accumulation: the
+    CheckpointCallback's checkpoint resumes epoch 2 exactly as the uninterrupted fit runs it."""
+    from hpcrep.tensorflow.checkpoint_callback import CheckpointCallback
+
+    r, n = world
+    x, y = global_data(n)
+    mine = np.arange(len(x))[r::n][:3 * B]
+
+    def compiled(seed):
+        model = make_model(seed)
+        model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                               backward_passes_per_step=2), "mse",
+                      jit_compile=False)
+        return model
+
+    def fit(model, epochs, initial_epoch=0, callbacks=()):
+        model.fit(x[mine], y[mine], batch_size=B, epochs=epochs, initial_epoch=initial_epoch,
+                  shuffle=False, verbose=0,
+                  callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0), *callbacks])
+
+    straight = compiled(7)
+    fit(straight, epochs=2)
+    first = compiled(7)
+    fit(first, epochs=1, callbacks=[CheckpointCallback(shared_dir, signum=None)])
+    assert int(first.optimizer.iterations) == 1  # 3 passes: one applied, one summed
+    resumed = compiled(50 + r)
+    cb = CheckpointCallback(shared_dir, signum=None)
+    assert cb.restore(resumed) == 1
+    fit(resumed, epochs=2, initial_epoch=1, callbacks=[cb])
+    assert int(resumed.optimizer.iterations) == int(straight.optimizer.iterations) == 3
+    assert_same_on_all_ranks(resumed.get_weights())
+    for a, b in zip(full_state(resumed, resumed.optimizer),
+                    full_state(straight, straight.optimizer)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_sync_batch_norm_matches_global_batch(world):
     r, n = world
     x, y = global_data(n)

@@ -134,6 +134,56 @@ def test_fit_matches_unsharded():
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6, err_msg=a.path)
 
 
+LEARNING_RATES = {
+    "float": lambda: 0.01,
+    "schedule": lambda: keras.optimizers.schedules.ExponentialDecay(0.01, 2, 0.9),
+}
+
+
+def train_unbuilt(learning_rate, shard: bool, via: str) -> tuple[keras.Model, list[float]]:
+    """The usual custom loop: an unbuilt optimizer, first applied inside the tf.function (which
+    builds it while tracing). Each rank fits its own fixed batch; returns the model and the
+    loss of every step, averaged over the ranks."""
+    model = make_model(11)
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(learning_rate()),
+                                   shard_optimizer_state=shard)
+    assert not opt.built
+
+    @tf.function(jit_compile=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        if via == "apply":
+            opt.apply(grads, model.trainable_variables)
+        else:
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    x, y = data(hc.rank(), 0)
+    losses = [float(hc.allreduce(np.array([step(x, y).numpy()]), op=hc.ReduceOp.Average)[0])
+              for _ in range(STEPS)]
+    assert int(opt.iterations.numpy()) == STEPS
+    assert zero.is_sharded(opt) == (shard and hc.size() > 1)
+    return model, losses
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("via", ["apply", "apply_gradients"])
+@pytest.mark.parametrize("lr", sorted(LEARNING_RATES))
+def test_first_apply_inside_tf_function(lr, via):
+    """Building the sharded state while the step is traced reads the optimizer's config (the
+    learning rate's value) eagerly; the run then follows the unsharded one."""
+    model, losses = train_unbuilt(LEARNING_RATES[lr], shard=True, via=via)
+    plain_model, plain_losses = train_unbuilt(LEARNING_RATES[lr], shard=False, via=via)
+    assert all(b < a for a, b in zip(losses, losses[1:])), f"losses do not fall: {losses}"
+    np.testing.assert_allclose(losses, plain_losses, rtol=2e-5)
+    weights = [v.numpy() for v in model.trainable_variables]
+    assert_ranks_bitwise_equal(weights, "weights")
+    for a, b in zip(weights, plain_model.trainable_variables):
+        np.testing.assert_allclose(a, b.numpy(), rtol=2e-5, atol=2e-6)
+
+
 @pytest.mark.timeout(60)
 def test_slot_bytes_are_one_over_size():
     model = make_model(1)

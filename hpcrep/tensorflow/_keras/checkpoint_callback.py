@@ -22,6 +22,7 @@ from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, 
 from hpcrep.errors import CheckpointError
 from hpcrep.tensorflow import sharded_variables, zero
 from hpcrep.tensorflow._keras import lr_scale
+from hpcrep.tensorflow.optimizer import accumulation_variables
 from hpcrep.tensorflow.powersgd import rank_local_variables
 
 log = logging.getLogger("hpcrep.checkpoint")
@@ -72,8 +73,10 @@ def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
     :mod:`hpcrep.tensorflow.zero`) is gathered to the layout of the unsharded optimizer, so the
     checkpoint restores with or without sharding, at any number of ranks. State that differs
     between ranks by design (PowerSGD's error buffers,
-    :func:`hpcrep.tensorflow.powersgd.rank_local_variables`) is gathered from every rank into
-    ``"rank_local": {"<rank>": [...]}``.
+    :func:`hpcrep.tensorflow.powersgd.rank_local_variables`, and the gradients summed so far
+    for ``backward_passes_per_step`` with their pass counter,
+    :func:`hpcrep.tensorflow.optimizer.accumulation_variables`) is gathered from every rank
+    into ``"rank_local": {"<rank>": [...]}``.
 
     Local for a model without sharded variables, sharded optimizer state or per-rank state;
     with any of them, collective: every rank must call this, in the same order.
@@ -95,10 +98,15 @@ def training_state(model: Any, optimizer: Any = None) -> dict[str, Any]:
                            for v, s in zip(variables, var_specs)],
                  "optimizer": saved_slots,
                  "rng": {**host_rng_state(), **tf_rng_state()}}
-    local = rank_local_variables(optimizer)
+    local = _per_rank(optimizer)
     if local:
         state["rank_local"] = _gather_rank_local(local)
     return state
+
+
+def _per_rank(optimizer: Any) -> list:
+    """The optimizer's per-rank state, in the order checkpoints hold it. Local."""
+    return rank_local_variables(optimizer) + accumulation_variables(optimizer)
 
 
 def _check_not_both_sharded(optimizer: Any, var_specs: list) -> None:
@@ -113,19 +121,21 @@ def _check_not_both_sharded(optimizer: Any, var_specs: list) -> None:
 
 def _gather_rank_local(variables: list) -> dict[str, list[np.ndarray]]:
     """Every rank's values of ``variables``, keyed by rank (``"00003"``). Collective."""
-    mine = [np.ascontiguousarray(v.numpy()) for v in variables]
+    mine = [np.array(v.numpy(), order="C") for v in variables]  # (ascontiguousarray: 0-d to 1-d)
     size = comm.size() if comm.is_initialized() else 1
     if size == 1:
         return {f"{0:05d}": mine}
-    gathered = comm.grouped_allgather(mine, name="rank_local_state")
-    return {f"{r:05d}": [g[r * a.shape[0]:(r + 1) * a.shape[0]] for g, a in zip(gathered, mine)]
+    rows = [np.atleast_1d(a) for a in mine]  # scalars (a pass counter) gathered as one row
+    gathered = comm.grouped_allgather(rows, name="rank_local_state")
+    return {f"{r:05d}": [g[r * w.shape[0]:(r + 1) * w.shape[0]].reshape(a.shape)
+                         for g, w, a in zip(gathered, rows, mine)]
             for r in range(size)}
 
 
 def _restore_rank_local(ckpt: Checkpoint, optimizer: Any) -> None:
     """Give this rank its own saved per-rank state back; zero it (with a warning) when the
     checkpoint has none for this number of ranks. Local."""
-    local = rank_local_variables(optimizer)
+    local = _per_rank(optimizer)
     if not local:
         return
     rank = comm.rank() if comm.is_initialized() else 0
@@ -138,15 +148,17 @@ def _restore_rank_local(ckpt: Checkpoint, optimizer: Any) -> None:
             v.assign(a)
         return
     if rank == 0:
-        log.warning("%s holds per-rank state (PowerSGD error buffers) of %d rank(s), this run "
-                    "has %d: the error buffers restart from zero", ckpt.path, ranks_saved, size)
+        log.warning("%s holds per-rank state (PowerSGD error buffers, gradients accumulated "
+                    "for backward_passes_per_step) of %d rank(s), this run has %d: it restarts "
+                    "from zero", ckpt.path, ranks_saved, size)
     for v in local:
         v.assign(tf.zeros_like(v))
 
 
 def load_training_state(ckpt: Checkpoint, model: Any, optimizer: Any = None) -> None:
     """Assign a checkpoint's model and optimizer variables and RNG state, and this rank's own
-    per-rank state (zeroed if the checkpoint has none for this number of ranks). Local.
+    per-rank state (zeroed if the checkpoint has none for this number of ranks: PowerSGD's
+    error buffers restart, and so does an accumulation of ``backward_passes_per_step``). Local.
 
     A sharded variable (and its optimizer slots) takes this rank's slice of the whole variable
     the checkpoint holds, whatever the number of shards it was saved with.
@@ -211,6 +223,13 @@ class CheckpointCallback(keras.callbacks.Callback):
     ``fit`` then counts epochs from its own ``initial_epoch``). A checkpoint taken mid-epoch on
     a signal resumes at the start of that epoch with the mid-epoch weights.
 
+    Files are named by the training steps run (``ckpt-<steps>.h5``), applied or skipped: a
+    ``LossScaleOptimizer`` that skips a step on inf/NaN gradients does not advance
+    ``optimizer.iterations``, which is saved as the ``iterations`` attribute instead. Every save
+    gets a larger name than the one before and than the checkpoint it resumed from (whose name
+    is where the count continues; a checkpoint of an older hpcrep, named by iterations,
+    resumes the same way), so a restore always finds the newest.
+
     Args:
         directory: checkpoint directory (see :class:`hpcrep.checkpoint.CheckpointManager`).
         keep: checkpoints to keep; default ``HPCREP_CHECKPOINT_KEEP``.
@@ -234,6 +253,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         self._did_restore = False
         self._signal: Optional[PreemptionSignal] = None
         self._epoch = 0
+        self._steps = 0  # training steps run, applied or skipped: the next save's name
+        self._epoch_start = 0  # self._steps when the current epoch began
+        self._last_saved = -1  # the name of the last save (or of the restored checkpoint)
 
     def restore(self, model: Any = None) -> int:
         """Load the newest good checkpoint into ``model`` (default: the callback's model).
@@ -247,28 +269,38 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self.restored is None:
             return 0
         load_training_state(self.restored, model, getattr(model, "optimizer", None))
+        self._steps = self._last_saved = self.restored.step
         if comm.rank() == 0:
             log.warning("resumed from %s (epoch %d, step %d)", self.restored.path,
                         self.restored.epoch, self.restored.step)
         return self.restored.epoch
 
     def save(self, epoch: int, **metadata: Any) -> str:
-        """Save the model's state now as having completed ``epoch`` epochs. Collective."""
+        """Save the model's state now as having completed ``epoch`` epochs, under a name larger
+        than any this callback saved or restored before. Collective."""
         optimizer = getattr(self.model, "optimizer", None)
-        step = int(optimizer.iterations.numpy()) if optimizer is not None else 0
-        return self.manager.save(training_state(self.model, optimizer), step=step, epoch=epoch,
-                                 **metadata)
+        iterations = _iterations(optimizer)
+        step = max(self._steps, iterations, self._last_saved + 1)
+        path = self.manager.save(training_state(self.model, optimizer), step=step, epoch=epoch,
+                                 iterations=iterations, **metadata)
+        self._last_saved = step
+        return path
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
         if not self._did_restore:
             self.restore(self.model)
+        # A model trained before this callback saw it: at least the steps its optimizer applied.
+        self._steps = max(self._steps, _iterations(getattr(self.model, "optimizer", None)))
         if self.signum is not None:
             self._signal = PreemptionSignal(self.signum)
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         self._epoch = epoch
+        self._epoch_start = self._steps
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        # ``batch`` is the epoch's last step run (with steps_per_execution, the last of several).
+        self._steps = self._epoch_start + batch + 1
         if self._signal is None or not self._signal.agreed():
             return
         self.save(self._epoch, batch=batch + 1, preempted=1)
@@ -287,6 +319,11 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self._signal is not None:
             self._signal.close()
             self._signal = None
+
+
+def _iterations(optimizer: Any) -> int:
+    """The optimizer's applied steps (a LossScaleOptimizer's: its inner one's), 0 without one."""
+    return int(optimizer.iterations.numpy()) if optimizer is not None else 0
 
 
 def callback_from_settings() -> Optional[CheckpointCallback]:
