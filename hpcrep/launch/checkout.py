@@ -2,7 +2,7 @@
 
 The benchmark harness (``bench/``) and the workloads it times (``jobs/``) sit at the top of the
 repository, beside the ``hpcrep`` package, and are not installed with it: hpcrep never imports
-them. These commands find the checkout and run ``python -m bench ARGS`` (``python -m bench
+them. These commands find the checkout and run ``python -P -m bench ARGS`` (``python -m bench
 report ARGS`` for ``hpcrep report``) as a child process, with the checkout first on
 ``PYTHONPATH`` and the caller's working directory (where ``reports/`` goes). The checkout is the
 directory above the ``hpcrep`` package that runs (a clone used in place, ``pip install -e``, or
@@ -47,8 +47,11 @@ def find_checkout(cwd: Optional[str] = None) -> str:
 
 
 def command(name: str, argv: Sequence[str]) -> list[str]:
-    """Return the child's argv for ``hpcrep NAME ARGV``: ``python -m bench [report] ARGV``."""
-    return [sys.executable, "-m", "bench", *(["report"] if name == "report" else []), *argv]
+    """Return the child's argv for ``hpcrep NAME ARGV``: ``python -P -m bench [report] ARGV``
+    (``-P``: the working directory is not put first on the module path, so a ``bench`` package
+    there cannot stand in for the checkout's)."""
+    return [sys.executable, "-P", "-m", "bench", *(["report"] if name == "report" else []),
+            *argv]
 
 
 def forward(name: str, argv: Sequence[str]) -> int:

@@ -51,3 +51,16 @@ def test_without_a_checkout_the_commands_say_where_to_run_from(tmp_path):
                           cwd=checkout, env=env, capture_output=True, text=True, timeout=120)
     package, found = proc.stdout.split()
     assert package.startswith(str(site)) and found == str(checkout), proc.stderr
+
+
+def test_a_bench_package_in_the_working_directory_is_not_run(capfd, tmp_path, monkeypatch):
+    """Run from a directory of the user's that has a ``bench`` package of its own (a project's
+    benchmarks, say): the checkout's benchmark runs, never that one."""
+    for part in ("bench", "jobs"):
+        (tmp_path / part).mkdir()
+        (tmp_path / part / "__init__.py").write_text("")
+    (tmp_path / "bench" / "__main__.py").write_text("print('the wrong bench ran')\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--help"]) == 0
+    out = capfd.readouterr().out
+    assert "the wrong bench ran" not in out and out.startswith("usage: hpcrep bench"), out
