@@ -91,13 +91,36 @@ def _per(totals: dict, key: str, scale: float = 1.0) -> Optional[float]:
     return totals[key] / totals["steps"] / scale
 
 
+def _analyze(path: str) -> Analysis:
+    """Return the analysis of the trace in ``path``.
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not a trace, not hpcrep's, or holds no step or collective (the
+            message says which and how to record one).
+    """
+    events = load(path)
+    try:
+        result = analyze(events)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path} is not an hpcrep timeline: an event lacks or has a bad field "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not result.step_numbers() and not result.per_kind:
+        raise ValueError(
+            f"{path} holds no training step and no collective ({len(events)} events): record "
+            "one with HPCREP_TIMELINE=FILE or hpcrep run --timeline-filename FILE, from a job "
+            "that trains at least one step (HPCREP_TIMELINE_STEPS may have left every step "
+            "out)")
+    return result
+
+
 def main(args: Any) -> int:
     """Print the analysis (and write the PNG); 2 if a trace cannot be read."""
     try:
-        first = analyze(load(args.trace))
-        second = analyze(load(args.against)) if args.against else None
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"hpcrep analyze: cannot read the trace: {exc}", file=sys.stderr)
+        first = _analyze(args.trace)
+        second = _analyze(args.against) if args.against else None
+    except (OSError, ValueError) as exc:
+        print(f"hpcrep analyze: {exc}", file=sys.stderr)
         return 2
     print(render(first, args.max_steps))
     if second is not None:

@@ -31,10 +31,24 @@ Interval = tuple[float, float]
 
 
 def load(path: str) -> list[dict]:
-    """Return the events of a Chrome-trace file (``{"traceEvents": [...]}`` or a bare list)."""
+    """Return the events of a Chrome-trace file (``{"traceEvents": [...]}`` or a bare list).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON, or not of a Chrome trace's shape (the message says which).
+    """
     with open(path) as f:
-        data = json.load(f)
-    return data["traceEvents"] if isinstance(data, dict) else data
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not JSON ({exc})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        got = (f"an object with keys {', '.join(sorted(map(str, data))[:5]) or 'none'}"
+               if isinstance(data, dict) else f"a JSON {type(data).__name__}")
+        raise ValueError(f"{path} is not a Chrome trace: expected {{\"traceEvents\": [...]}} or "
+                         f"a list of events (objects), got {got}")
+    return events
 
 
 def union_length(intervals: Sequence[Interval], lo: float = -np.inf,

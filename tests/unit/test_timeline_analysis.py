@@ -93,6 +93,25 @@ def test_analyze_command_prints_both_runs_and_draws(tmp_path, capsys):
     assert png.stat().st_size > 1000
 
 
+@pytest.mark.parametrize("content, says", [
+    ('{"a": 1}', "is not a Chrome trace: expected"),
+    ("[1, 2]", "is not a Chrome trace: expected"),
+    ("not json", "is not JSON"),
+    ('{"traceEvents": []}', "holds no training step and no collective (0 events)"),
+    ("[]", "holds no training step and no collective"),
+    ('[{"ph": "X"}]', "is not an hpcrep timeline"),
+])
+def test_analyze_command_refuses_what_is_not_a_trace_in_one_line(tmp_path, capsys, content,
+                                                                  says):
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    args = type("A", (), {"trace": str(path), "against": None, "png": None, "max_steps": 50})()
+    assert analyze_main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err and str(path) in err, err
+    assert "Traceback" not in err
+
+
 def _records(offset_ns: int) -> dict:
     """One rank's records: a collective 1-3 ms with phases, on its own clock."""
     base = 10_000_000 + offset_ns
