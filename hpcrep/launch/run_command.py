@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
-from hpcrep import config
+from hpcrep import config, config_check
 from hpcrep.errors import LaunchOptionError
 from hpcrep.launch import hosts as hostlists
 from hpcrep.launch import relaunch
@@ -327,7 +327,13 @@ def main(args: Any) -> int:
     """Run the script on N ranks and return the launcher's exit code (2: bad options).
 
     mpirun runs under :func:`hpcrep.launch.supervise.supervise` (ended if it outlives a job that
-    a rank has aborted by more than ``HPCREP_LAUNCHER_GRACE`` seconds); srun as it is."""
+    a rank has aborted by more than ``HPCREP_LAUNCHER_GRACE`` seconds); srun as it is.
+    First, with nothing launched yet, the ``HPCREP_*`` settings the ranks will get are checked
+    (:mod:`hpcrep.config_check`; the directories are checked by rank 0 itself)."""
+    found = config_check.problems()
+    if found:
+        config_check.report(found)
+        return config_check.EXIT_CODE
     try:
         launch = build_launch(args)
     except (LaunchOptionError, FileNotFoundError) as exc:

@@ -137,6 +137,20 @@ def test_mpich_hosts_hostfile_and_mpi_args_pass_through(tmp_path, scripts):
         run_command.parse(["-H", "a:1", "--hostfile", str(hostfile), plain])
 
 
+def test_bad_settings_exit_2_before_anything_is_launched(tmp_path, scripts, monkeypatch,
+                                                         capsys):
+    plain, _ = scripts
+    monkeypatch.setenv("HPCREP_STALL_TIMEOUT", "-5")
+    monkeypatch.setenv("HPCREP_FUSION_TRESHOLD", "1MiB")
+    monkeypatch.setattr(run_command, "build_launch", lambda *a, **k: pytest.fail("launched"))
+    assert run_command.main(run_command.parse(["-np", "2", "--dry-run", plain])) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 2, err
+    assert err.startswith("hpcrep: HPCREP_FUSION_TRESHOLD is not an hpcrep setting (did you "
+                          "mean HPCREP_FUSION_THRESHOLD?)"), err
+    assert "hpcrep: HPCREP_STALL_TIMEOUT='-5' is out of range" in err
+
+
 def test_horovodrun_python_word_picks_the_ranks_python(tmp_path, scripts):
     plain, _ = scripts
     got = launch(tmp_path, ["-np", "2", "python3", plain, "--x"])
