@@ -151,10 +151,10 @@ def check_environment(environ: Optional[Mapping[str, str]] = None,
 
 
 def report(found: list[str], out: Optional[TextIO] = None) -> None:
-    """Print each line of ``found`` to ``out`` (default stderr), ``hpcrep: `` first. Local."""
+    """Print each line of ``found`` to ``out`` (default stderr), ``hpcrep: `` first, in one
+    write (so that a launcher does not interleave them with another rank's). Local."""
     out = sys.stderr if out is None else out
-    for line in found:
-        print(f"hpcrep: {line}", file=out)
+    out.write("".join(f"hpcrep: {line}\n" for line in found))
     out.flush()
 
 

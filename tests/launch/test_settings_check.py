@@ -49,10 +49,10 @@ def test_bad_settings_stop_every_rank_before_the_script_with_one_line_each(mpiru
     assert job.returncode == 2, job.stdout + job.stderr
     assert MARKER not in job.stdout, job.stdout
     assert "Traceback" not in job.stderr, job.stderr
-    ours = [line for line in job.stderr.splitlines() if line.startswith("hpcrep: ")]
-    assert len(ours) == 2 * len(LINES), job.stderr  # every problem, on each of the 2 ranks
+    # every problem, on each of the 2 ranks (mpirun may interleave the ranks' lines)
+    assert job.stderr.count("hpcrep: HPCREP_") == 2 * len(LINES), job.stderr
     for line in LINES:
-        assert sum(o.startswith(line) for o in ours) == 2, (line, job.stderr)
+        assert job.stderr.count(line) == 2, (line, job.stderr)
     assert took < 60, f"the job took {took:.0f} s to refuse its settings"
 
 
