@@ -29,8 +29,8 @@ from hpcrep.errors import LaunchOptionError
 from hpcrep.launch import hosts as hostlists
 from hpcrep.launch import relaunch
 from hpcrep.launch.heal_watch import HealWatch
-from hpcrep.launch.mpirun import (env_arguments, find_mpirun, flavor, has_ulfm, mpirun_command,
-                                  mpirun_env, ulfm_arguments)
+from hpcrep.launch.mpirun import (env_arguments, find_mpirun, flavor, forward_arguments, has_ulfm,
+                                  mpirun_command, mpirun_env, ulfm_arguments)
 from hpcrep.launch.script_api import EXPLICIT_MODULES, ExplicitImport, script_imports
 from hpcrep.launch.supervise import supervise
 from hpcrep.slurm import environment, srun
@@ -183,6 +183,8 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
     """Return what ``hpcrep run`` with ``options`` (its parsed arguments) starts. Reads the
     script (to choose the mode) and a hostfile; starts nothing. ``settings`` (name, value)
     reach every rank besides the options' own (``HPCREP_ELASTIC_DIR`` under ``--elastic``).
+    With hosts (``-H``, ``--hostfile``) every other ``HPCREP_*`` variable of ``environ``
+    (default ``os.environ``) is forwarded to them (:func:`~hpcrep.launch.mpirun.forward_arguments`).
 
     Raises:
         LaunchOptionError: a bad rank count, host list or hostfile, more ranks than slots, hosts
@@ -224,8 +226,13 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
                                 "Slurm there is no allocation to take it from)")
     mpirun = mpirun or find_mpirun()
     family = flavor(mpirun)[0]
-    extra = (hostlists.host_arguments(hosts, family) if hosts else []) + \
-        env_arguments(settings, family) + extra
+    placed: list[str] = []
+    if hosts:  # ranks on other hosts get only what mpirun forwards: every HPCREP_* set here
+        given = {name for name, _ in settings}
+        names = sorted(name for name in (os.environ if environ is None else environ)
+                       if name.startswith(config_check.PREFIX) and name not in given)
+        placed = hostlists.host_arguments(hosts, family) + forward_arguments(names, family)
+    extra = placed + env_arguments(settings, family) + extra
     return Launch(mpirun_command(n, command, mpirun=mpirun, extra=extra), script, dict(settings),
                   transparent, found, reason)
 

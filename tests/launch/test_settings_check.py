@@ -1,7 +1,7 @@
 """Bad HPCREP_* settings stop a job before MPI and TensorFlow start: ``python -m hpcrep`` at 2
 ranks prints one ``hpcrep:`` line per problem on each rank, no traceback, and exits 2 before the
 script's first line runs; rank 0 alone reports a checkpoint directory it cannot write; ``hpcrep
-run`` refuses before launching anything."""
+run`` refuses before launching anything, and forwards the settings to the hosts of ``-H``."""
 
 from __future__ import annotations
 
@@ -81,3 +81,13 @@ def test_hpcrep_run_refuses_bad_settings_before_launching(script):
     assert MARKER not in done.stdout and "Traceback" not in done.stderr, done.stderr
     assert [line[:len(want)] for line, want in zip(done.stderr.splitlines(), LINES)] == LINES
 
+def test_hpcrep_run_forwards_every_setting_to_the_hosts_in_its_dry_run(script):
+    done = hpcrep_run("--dry-run", "-np", "2", "-H", "host1,host2", "--timeline-filename",
+                      "t.json", script, HPCREP_STALL_TIMEOUT="20",
+                      HPCREP_FUSION_THRESHOLD="1MiB", HPCREP_TIMELINE="ignored.json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    argv = done.stdout.split()
+    for name in ("HPCREP_STALL_TIMEOUT", "HPCREP_FUSION_THRESHOLD", "HPCREP_THREADS"):
+        assert argv[argv.index(name) - 1] == "-x", done.stdout
+    assert "HPCREP_TIMELINE=t.json" in argv and "HPCREP_TIMELINE" not in argv, done.stdout
+    assert argv.index("--host") < argv.index("-m"), done.stdout

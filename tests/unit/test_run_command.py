@@ -137,6 +137,24 @@ def test_mpich_hosts_hostfile_and_mpi_args_pass_through(tmp_path, scripts):
         run_command.parse(["-H", "a:1", "--hostfile", str(hostfile), plain])
 
 
+def test_hosts_get_every_hpcrep_setting_of_this_environment(tmp_path, scripts):
+    plain, _ = scripts
+    environ = {"HPCREP_STALL_TIMEOUT": "20", "HPCREP_FUSION_THRESHOLD": "1MiB",
+               "HPCREP_TIMELINE": "mine.json", "PATH": "/bin"}
+    argv = ["-np", "2", "-H", "node1,node2", "--timeline-filename", "t.json", plain]
+    got = launch(tmp_path, argv, environ=environ)
+    # Open MPI forwards nothing else to other hosts: each name once, the option's value wins
+    assert got.argv[got.argv.index("--host"):got.argv.index(sys.executable)] == [
+        "--host", "node1:1,node2:1", "-x", "HPCREP_FUSION_THRESHOLD", "-x",
+        "HPCREP_STALL_TIMEOUT", "-x", "HPCREP_TIMELINE=t.json"]
+    # one host (no -H): the ranks inherit this environment; MPICH's Hydra passes all of it
+    assert "-x" not in launch(tmp_path, ["-np", "2", plain], environ=environ).argv
+    mpich = launch(tmp_path, ["-np", "2", "-H", "node1,node2", plain], text=MPICH_4,
+                   environ=environ).argv
+    assert mpich[mpich.index("-hosts"):mpich.index(sys.executable)] == ["-hosts",
+                                                                         "node1:1,node2:1"]
+
+
 def test_bad_settings_exit_2_before_anything_is_launched(tmp_path, scripts, monkeypatch,
                                                          capsys):
     plain, _ = scripts
