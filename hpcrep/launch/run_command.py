@@ -231,7 +231,7 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
         given = {name for name, _ in settings}
         names = sorted(name for name in (os.environ if environ is None else environ)
                        if name.startswith(config_check.PREFIX) and name not in given)
-        placed = hostlists.host_arguments(hosts, family) + forward_arguments(names, family)
+        placed = forward_arguments(names, family) + hostlists.host_arguments(hosts, family)
     extra = placed + env_arguments(settings, family) + extra
     return Launch(mpirun_command(n, command, mpirun=mpirun, extra=extra), script, dict(settings),
                   transparent, found, reason)

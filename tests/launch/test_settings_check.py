@@ -81,6 +81,7 @@ def test_hpcrep_run_refuses_bad_settings_before_launching(script):
     assert MARKER not in done.stdout and "Traceback" not in done.stderr, done.stderr
     assert [line[:len(want)] for line, want in zip(done.stderr.splitlines(), LINES)] == LINES
 
+
 def test_hpcrep_run_forwards_every_setting_to_the_hosts_in_its_dry_run(script):
     done = hpcrep_run("--dry-run", "-np", "2", "-H", "host1,host2", "--timeline-filename",
                       "t.json", script, HPCREP_STALL_TIMEOUT="20",
@@ -90,4 +91,4 @@ def test_hpcrep_run_forwards_every_setting_to_the_hosts_in_its_dry_run(script):
     for name in ("HPCREP_STALL_TIMEOUT", "HPCREP_FUSION_THRESHOLD", "HPCREP_THREADS"):
         assert argv[argv.index(name) - 1] == "-x", done.stdout
     assert "HPCREP_TIMELINE=t.json" in argv and "HPCREP_TIMELINE" not in argv, done.stdout
-    assert argv.index("--host") < argv.index("-m"), done.stdout
+    assert argv[argv.index("--host") + 1] == "host1:1,host2:1", done.stdout

@@ -144,9 +144,9 @@ def test_hosts_get_every_hpcrep_setting_of_this_environment(tmp_path, scripts):
     argv = ["-np", "2", "-H", "node1,node2", "--timeline-filename", "t.json", plain]
     got = launch(tmp_path, argv, environ=environ)
     # Open MPI forwards nothing else to other hosts: each name once, the option's value wins
-    assert got.argv[got.argv.index("--host"):got.argv.index(sys.executable)] == [
-        "--host", "node1:1,node2:1", "-x", "HPCREP_FUSION_THRESHOLD", "-x",
-        "HPCREP_STALL_TIMEOUT", "-x", "HPCREP_TIMELINE=t.json"]
+    assert got.argv[got.argv.index("-x"):got.argv.index(sys.executable)] == [
+        "-x", "HPCREP_FUSION_THRESHOLD", "-x", "HPCREP_STALL_TIMEOUT", "--host",
+        "node1:1,node2:1", "-x", "HPCREP_TIMELINE=t.json"]
     # one host (no -H): the ranks inherit this environment; MPICH's Hydra passes all of it
     assert "-x" not in launch(tmp_path, ["-np", "2", plain], environ=environ).argv
     mpich = launch(tmp_path, ["-np", "2", "-H", "node1,node2", plain], text=MPICH_4,
