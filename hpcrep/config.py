@@ -549,8 +549,9 @@ def describe() -> str:
     lines = []
     for s in SETTINGS.values():
         same = ", same on every rank (checked by init)" if s.same_on_all_ranks else ""
+        legal = f"; legal: {s.legal.expected}" if s.legal else ""
         lines.append(f"{s.name} (default {s.default!r}, now {os.environ.get(s.name, '<unset>')}"
-                     f"{same})\n    {s.meaning}")
+                     f"{same}{legal})\n    {s.meaning}")
     return "\n".join(lines)
 
 

@@ -95,6 +95,9 @@ otherwise the job is relaunched from its last hvd.elastic commit on the hosts st
 (--max-np is refused there). --batches-per-commit N: a transparent fit also commits every N
 batches of array input, so a failure loses at most N steps instead of an epoch.
 
+settings: every HPCREP_* variable is checked first (a misspelt name, a bad value: one line each,
+exit 2, nothing launched); with -H/--hostfile each is passed to the other hosts (-x NAME).
+
 inside a Slurm allocation srun starts the ranks where the allocation is, so -H and --hostfile
 are an error there (a warning would run ranks elsewhere than you asked): leave them out, or use
 --launcher mpirun to place ranks yourself.
