@@ -113,16 +113,14 @@ def test_every_problem_is_found_at_once_in_name_order():
 
 def _names_used(root: Path) -> set[str]:
     """Every HPCREP_ name in the checkout's code, scripts and docs (not the compiled op's C++
-    macros, not the tests that spell wrong names on purpose: tests/unit and
-    tests/launch/test_settings_check.py)."""
+    macros, not tests/unit, which spells wrong names on purpose)."""
     found: set[str] = set()
     places = [root / d for d in ("hpcrep", "tests", "bench", "jobs", "slurm", "tools", "docs",
                                  ".ci")] + [root / "Makefile", root / "README.md"]
     for place in places:
         files = [place] if place.is_file() else [p for p in place.rglob("*") if p.is_file()]
         for path in files:
-            if (path.suffix in (".cc", ".h", ".so", ".pyc") or "unit" in path.parts
-                    or path.name == "test_settings_check.py"):
+            if path.suffix in (".cc", ".h", ".so", ".pyc") or "unit" in path.parts:
                 continue
             found |= set(re.findall(r"\bHPCREP_[A-Z0-9_]*[A-Z0-9]\b",
                                     path.read_text(errors="replace")))
@@ -130,8 +128,9 @@ def _names_used(root: Path) -> set[str]:
 
 
 def test_every_name_the_checkout_uses_is_a_setting_or_a_tools_variable():
-    # HPCREP_ROOT is a Python constant of a test (the checkout's root), not a variable
-    used = _names_used(ROOT) - {"HPCREP_ROOT"}
+    # HPCREP_ROOT is a Python constant of a test (the checkout's root), not a variable; the
+    # misspelt name is the example of docs/operations.md and tests/launch/test_settings_check.py
+    used = _names_used(ROOT) - {"HPCREP_ROOT", "HPCREP_FUSION_TRESHOLD"}
     assert "HPCREP_GROW_CHILD" in used and "HPCREP_CLUSTER_DIR" in used  # the scan sees them
     unknown = sorted(used - set(config.SETTINGS) - set(config.TOOL_VARIABLES))
     assert unknown == [], unknown
