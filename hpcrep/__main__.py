@@ -11,7 +11,9 @@ script.py`` keeps ``fit`` going on the survivors of a failed rank where the MPI 
 (``HPCREP_TRANSPARENT_ELASTIC``, :mod:`hpcrep.tensorflow.transparent.elastic_fit`).
 The files and directories an unchanged script makes itself end up as one process's would
 (:mod:`hpcrep.tensorflow.transparent.own_files`). An unhandled exception on any rank aborts every
-rank (see :mod:`hpcrep.launch.runner`).
+rank (see :mod:`hpcrep.launch.runner`). Before anything else each rank checks its ``HPCREP_*``
+settings (:mod:`hpcrep.config_check`): a misspelt name, a bad value or an unwritable directory is
+one ``hpcrep: `` line on stderr and exit status 2, before MPI and TensorFlow start.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ def _explicit() -> ContextManager:
 if __name__ == "__main__":
     import os
 
+    from hpcrep.config_check import exit_on_problems
+
+    # every HPCREP_* setting, before MPI and TensorFlow start: one line per problem, exit 2
+    exit_on_problems()
     from hpcrep.launch.tf_log import set_tf_log_level
 
     set_tf_log_level(os.environ)  # before the script imports TensorFlow (HPCREP_TF_LOG)

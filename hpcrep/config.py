@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 from typing import Any, Callable, Optional, Sequence
 
@@ -97,6 +98,36 @@ def _parse_compression(text: str) -> tuple[str, int, int]:
 
 
 @dataclasses.dataclass(frozen=True)
+class Range:
+    """The legal values of a setting beyond what its type parses: ``holds(value)`` for a parsed
+    value, and ``expected``, the words that name them in a message. Checked once at start
+    (:mod:`hpcrep.config_check`), never by :func:`get`."""
+
+    expected: str
+    holds: Callable[[Any], bool]
+
+
+def _count(low: int, off: str = "") -> Range:
+    """A whole number >= ``low``; ``off`` says what 0 means, where it is allowed."""
+    return Range(f"a whole number >= {low}" + (f" (0: {off})" if off else ""),
+                 lambda v: v >= low)
+
+
+def _seconds(off: str = "") -> Range:
+    """Finite seconds > 0, or also 0 where ``off`` says what 0 means."""
+    if off:
+        return Range(f"a finite number of seconds >= 0 (0: {off})",
+                     lambda v: math.isfinite(v) and v >= 0)
+    return Range("a finite number of seconds > 0", lambda v: math.isfinite(v) and v > 0)
+
+
+_BYTES = Range("a byte count >= 0 (0: off), such as 0, 4MiB or 16777216", lambda v: v >= 0)
+_SHARE = Range("a finite share > 0 and <= 1", lambda v: math.isfinite(v) and 0 < v <= 1)
+_LOG_LEVELS = Range("debug, info, warning or error",
+                    lambda v: v.strip().lower() in ("debug", "info", "warning", "error"))
+
+
+@dataclasses.dataclass(frozen=True)
 class Setting:
     """One ``HPCREP_*`` environment setting.
 
@@ -104,7 +135,8 @@ class Setting:
     changes which MPI calls a rank makes (a rank that plans other buckets or skips a check would
     hang the job, or fail only when the stall watchdog fires), or what the ranks compute from
     the same gradients. :func:`hpcrep.comm.init` checks these once, on every rank (see
-    :func:`agreed_values` and :func:`disagreement`).
+    :func:`agreed_values` and :func:`disagreement`). ``legal`` narrows what ``parse`` accepts
+    (ranges, finite numbers); :mod:`hpcrep.config_check` applies it before MPI starts.
     """
 
     name: str
@@ -112,6 +144,7 @@ class Setting:
     default: Any
     meaning: str
     same_on_all_ranks: bool = False
+    legal: Optional[Range] = None
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in [
@@ -121,7 +154,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "16 MiB, not Horovod's 64: on these machines ResNet-50's gradients reduce in 39 ms "
             "with 16 MiB buffers and 59 ms with 64 MiB ones (2 ranks; smaller buffers stay in "
             "cache between the packing copy and the reduction).",
-            same_on_all_ranks=True),
+            same_on_all_ranks=True, legal=_BYTES),
     Setting("HPCREP_ALLREDUCE_CHUNK", _parse_bytes, 4 << 20,
             "Largest single MPI_Allreduce in bytes: a bigger buffer (a fusion buffer, a bucket, "
             "one large tensor) is reduced in consecutive pieces of at most this size, on both "
@@ -129,7 +162,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "call. 4 MiB: across the test cluster's 2 Gb/s TCP link Open MPI moved 102 MB in "
             "pieces of 6-51 MB at 140-160 MB/s, in pieces of at most 5 MB at 240 MB/s (the link "
             "rate). Must be the same on every rank.",
-            same_on_all_ranks=True),
+            same_on_all_ranks=True, legal=_BYTES),
     Setting("HPCREP_CHECK_COLLECTIVES", _parse_bool, True,
             "Before each collective, agree on a 64-bit hash of the tensors' names, shapes and "
             "dtypes (one 16-byte allreduce), so that mismatched calls raise instead of hanging.",
@@ -141,7 +174,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "checksum per variable, one small allreduce) and report on every rank which "
             "variables differ, on which ranks, by how much, and any NaN/inf. 0 turns it off "
             "(nothing is added to the step). Must be the same on every rank.",
-            same_on_all_ranks=True),
+            same_on_all_ranks=True, legal=_count(0, "off")),
     Setting("HPCREP_CHECK_REPLICAS_ACTION", _parse_replica_action, "warn",
             "What the replica canary does when trainable or optimizer-state variables differ "
             "across ranks: 'warn' prints the report; 'abort' raises ReplicaDivergenceError on "
@@ -152,13 +185,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Seconds a collective may wait for the other ranks before the whole job is aborted "
             "with a report of the collective, its tensors and which ranks had not arrived (a "
             "warning is printed at half of it). A failed node or cut network link otherwise "
-            "hangs the job until its time limit. 0 turns the watchdog off."),
+            "hangs the job until its time limit. 0 turns the watchdog off.",
+            legal=_seconds("off")),
     Setting("HPCREP_FLIGHT_RECORDER", int, 256,
             "Flight recorder: each rank keeps its last this many collectives (kind, tensor names, "
             "dtypes and shapes, call number, communicator, the line of user code that issued it, "
             "start and end times) and writes them to hpcrep-flight-<job>-rank<r>.json when the "
             "stall watchdog fires, the mismatch check fails or the job aborts, with a summary "
-            "on stderr naming the first call where the ranks' histories differ. 0 turns it off."),
+            "on stderr naming the first call where the ranks' histories differ. 0 turns it off.",
+            legal=_count(0, "off")),
     Setting("HPCREP_FLIGHT_DIR", str, "",
             "Directory the flight recorder writes its files to; empty: each rank's working "
             "directory."),
@@ -166,22 +201,26 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Straggler warning: over this many of the last collectives on the whole job (Python "
             "path), a rank that arrived last at HPCREP_STRAGGLER_SHARE of them, by a median of "
             "HPCREP_STRAGGLER_MIN_LATE seconds or more, is named once on stderr by rank 0. 0 "
-            "turns the check off."),
+            "turns the check off.",
+            legal=_count(0, "off")),
     Setting("HPCREP_STRAGGLER_SHARE", float, 0.9,
             "Straggler warning: the share of the window's collectives a rank must arrive last "
             "at (by chance each of n ranks does 1/n). 0.9, not 0.8: on the test cluster at "
             "1 Gb/s, 2 ranks doing the same 102 MB allreduces, one rank came last at 80 of 100 "
-            "by 23 ms (the big allreduce completes later on one side)."),
+            "by 23 ms (the big allreduce completes later on one side).",
+            legal=_SHARE),
     Setting("HPCREP_STRAGGLER_MIN_LATE", float, 0.02,
             "Straggler warning: the median lateness in seconds, over the collectives it arrived "
-            "last at, below which a rank is not named."),
+            "last at, below which a rank is not named.",
+            legal=_seconds("any lateness")),
     Setting("HPCREP_LAUNCHER_GRACE", float, 10.0,
             "Seconds hpcrep's launchers (hpcrep run, python -m hpcrep.launch.mpirun, "
             "tests/cluster/mpirun.sh) give mpirun to end by itself after a rank announced that "
             "it aborts the job (the stall watchdog, an unhandled exception); then they "
             "terminate mpirun and the processes it started on this machine, and exit with the "
             "rank's exit code. Open MPI 4.1's mpirun otherwise waits for the daemon of a node it "
-            "cannot reach (a cut link) until the link returns. 0 runs mpirun unsupervised."),
+            "cannot reach (a cut link) until the link returns. 0 runs mpirun unsupervised.",
+            legal=_seconds("unsupervised")),
     Setting("HPCREP_ULFM_DETECT_TIMEOUT", float, 5.0,
             "hpcrep run --elastic on an MPI with ULFM (Open MPI 5): seconds without a heartbeat "
             "after which ULFM's detector (a heartbeat every third of it, at most 1 s; MPI "
@@ -189,13 +228,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "or a cut node is left behind like a dead one. The ranks of a cut node are declared "
             "one after another: a node with 2 ranks is left behind about 3 x this after the cut "
             "(docs/measurements.md). Shorter recovers sooner; too short declares a busy rank "
-            "dead. 0 turns the detector off (only ranks whose process ends are found)."),
+            "dead. 0 turns the detector off (only ranks whose process ends are found).",
+            legal=_seconds("no detector")),
     Setting("HPCREP_MATCH_TIMEOUT", float, 30.0,
             "Compiled path: when ranks queue allreduces in different orders (independent ops of "
             "a TF1 graph), requests are matched by name; if no pending name is pending on every "
             "rank and no rank queues a new request for this many seconds, every pending request "
             "fails with CollectiveMismatchError on every rank (the names never meet) instead of "
-            "hanging. Longer than the longest gap between a step's independent allreduces."),
+            "hanging. Longer than the longest gap between a step's independent allreduces.",
+            legal=_seconds()),
     Setting("HPCREP_HIERARCHICAL_ALLREDUCE", _parse_bool, False,
             "Allreduce fusion buffers hierarchically when ranks span several nodes and some node "
             "runs more than one: reduce-scatter within each node (shared memory), allreduce each "
@@ -216,7 +257,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Compiled path: microseconds its communication thread looks for more work before "
             "sleeping (and half that, a waiting op for its result before leaving a callback). "
             "Waking a sleeping thread costs tens of microseconds, more than a small allreduce; "
-            "0 never spins (for machines with more ranks than cores)."),
+            "0 never spins (for machines with more ranks than cores).",
+            legal=_count(0, "never spin")),
     Setting("HPCREP_OVERLAP", _parse_bool, True,
             "Exchange gradients in buckets that start while the backward pass still runs "
             "(buckets formed from the last layer back, one allreduce each, in the same order on "
@@ -239,23 +281,29 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "With HPCREP_AUTOTUNE: a CSV file (rank 0 writes it) with every timed setting: step, "
             "fusion bytes, piece bytes, fp16 (0/1), median step ms. Empty: none."),
     Setting("HPCREP_AUTOTUNE_WARMUP", int, 2,
-            "With HPCREP_AUTOTUNE: steps after each change of setting that are not timed."),
+            "With HPCREP_AUTOTUNE: steps after each change of setting that are not timed.",
+            legal=_count(0)),
     Setting("HPCREP_AUTOTUNE_STEPS", int, 5,
-            "With HPCREP_AUTOTUNE: steps timed per setting (their median is its score)."),
+            "With HPCREP_AUTOTUNE: steps timed per setting (their median is its score).",
+            legal=_count(1)),
     Setting("HPCREP_AUTOTUNE_WINDOW", int, 20,
             "With HPCREP_AUTOTUNE: once settled, steps per look at the step time; two looks 15 % "
-            "slower than the chosen setting's score start a new search."),
+            "slower than the chosen setting's score start a new search.",
+            legal=_count(1)),
     Setting("HPCREP_THREADS", int, 0,
             "TensorFlow intra-op threads per rank; 0 means cores on this node // ranks on this "
-            "node (at least 1)."),
+            "node (at least 1).",
+            legal=_count(0, "automatic")),
     Setting("HPCREP_INTER_OP_THREADS", int, 0,
             "TensorFlow inter-op threads per rank (independent ops run side by side); 0 means 2 "
             "where this node has a core to spare (more cores than ranks x intra-op threads), "
             "else 1. Gradient exchange overlaps the backward pass only with 2 or more: with 1, "
             "TensorFlow computes the last layers' weight gradients last, so every bucket is "
-            "ready only at the end."),
+            "ready only at the end.",
+            legal=_count(0, "automatic")),
     Setting("HPCREP_LOG_LEVEL", str, "warning",
-            "Verbosity of hpcrep's own log: debug, info, warning or error."),
+            "Verbosity of hpcrep's own log: debug, info, warning or error.",
+            legal=_LOG_LEVELS),
     Setting("HPCREP_TRANSPARENT_SCALE_LR", _parse_bool, False,
             "Transparent mode: multiply each optimizer's learning rate (or schedule) by the "
             "number of ranks when it first applies gradients (the global batch grew N-fold).",
@@ -278,7 +326,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "ranks x batch_size rows) and the commit holds the rows done, so a fit resumed on "
             "any number of ranks trains each of the others exactly once "
             "(hpcrep/tensorflow/transparent/epoch_order.py). 0: at epoch ends only.",
-            same_on_all_ranks=True),
+            same_on_all_ranks=True, legal=_count(0, "at epoch ends only")),
     Setting("HPCREP_COMPRESSION", _parse_compression, ("none", 0, 0),
             "Transparent mode: how every optimizer's gradients travel. 'none'; 'fp16' (half "
             "the bytes, sums in float16); 'powersgd:R' or 'powersgd:R:W': PowerSGD rank-R "
@@ -301,7 +349,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "set CUDA_VISIBLE_DEVICES (choosing among the entries it already holds, if set) "
             "before TensorFlow starts its devices. 0 leaves the devices alone."),
     Setting("HPCREP_CHECKPOINT_KEEP", int, 3,
-            "How many checkpoints CheckpointCallback keeps (at least 1; 2+ allows fallback)."),
+            "How many checkpoints CheckpointCallback keeps (at least 1; 2+ allows fallback).",
+            legal=_count(1)),
     Setting("HPCREP_ELASTIC_DIR", str, "",
             "Directory where hvd.elastic states also write each commit (rank 0), and from which "
             "a relaunched job's first sync resumes. Empty: commits stay in memory. Each commit "
@@ -317,7 +366,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "through a relaunch from the commit (hpcrep/comm/hosts_back.py). Transparent "
             "mode's fit grows only through such a relaunch (HPCREP_ELASTIC_RELAUNCH). 0: never "
             "grow.",
-            same_on_all_ranks=True),
+            same_on_all_ranks=True, legal=_count(0, "never grow")),
     Setting("HPCREP_ELASTIC_RELAUNCH", _parse_bool, False,
             "Set by hpcrep run --elastic on every rank: the launcher relaunches a job that "
             "stops at a commit to grow (hpcrep/comm/hosts_back.py), so transparent mode's fit "
@@ -328,7 +377,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "In-process elastic (ULFM; hpcrep run --min-np sets it): if fewer ranks than this "
             "survive a failure, they stop (exit status 76) with a message instead of going on; "
             "the last commit stays in HPCREP_ELASTIC_DIR for a relaunch.",
-            same_on_all_ranks=True),
+            same_on_all_ranks=True, legal=_count(1)),
+    Setting("HPCREP_GROW_CHILD", str, "",
+            "Set by hpcrep on the ranks it spawns to grow a job (hpcrep/comm/grow.py): any "
+            "non-empty value makes init join the job that spawned this process instead of "
+            "starting one (hpcrep/comm/world.py reads it before MPI starts). Not for users."),
     Setting("HPCREP_PARAM_STORE", _parse_param_store, "auto",
             "Parameter store of the Replicator's asynchronous regime (SyncGroups): 'window' an "
             "MPI one-sided window on the store rank (MPI.Win.Allocate, passive-target locks); "
@@ -361,6 +414,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "printed); 'all' sets TF_CPP_MIN_LOG_LEVEL=0. A TF_CPP_MIN_LOG_LEVEL you set "
             "yourself is never changed."),
 ]}
+
+# HPCREP_* variables of the source checkout's tools, which hpcrep itself never reads: not
+# settings, and not reported as unknown (hpcrep.config_check).
+TOOL_VARIABLES: dict[str, str] = {
+    "HPCREP_APT_EXTRA": "tools/install.sh: extra apt packages",
+    "HPCREP_CLUSTER_DIR": "tests/cluster: the state directory of the test cluster",
+    "HPCREP_CLUSTER_KEEP_ON_FAIL": "tests/cluster/up.sh: keep a cluster that failed to start",
+    "HPCREP_HOROVOD_SUITE_MODE": "tools/horovod_suite.py: the mode of its child processes",
+}
 
 
 def get(name: str) -> Any:
@@ -491,8 +553,9 @@ def describe() -> str:
     lines = []
     for s in SETTINGS.values():
         same = ", same on every rank (checked by init)" if s.same_on_all_ranks else ""
+        legal = f"; legal: {s.legal.expected}" if s.legal else ""
         lines.append(f"{s.name} (default {s.default!r}, now {os.environ.get(s.name, '<unset>')}"
-                     f"{same})\n    {s.meaning}")
+                     f"{same}{legal})\n    {s.meaning}")
     return "\n".join(lines)
 
 

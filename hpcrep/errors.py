@@ -12,6 +12,8 @@ A message says what is wrong, what was expected, what was received, and how to f
 
 from __future__ import annotations
 
+from typing import Sequence
+
 
 class HpcrepError(Exception):
     """Base class of every error raised by hpcrep."""
@@ -23,6 +25,18 @@ class NotInitializedError(HpcrepError, ValueError):
 
 class ConfigError(HpcrepError, ValueError):
     """An ``HPCREP_*`` setting has a value that cannot be used."""
+
+
+class SettingsError(ConfigError):
+    """``HPCREP_*`` variables of this process's environment cannot be used: a name that is no
+    setting, a value that does not parse or is out of range, a directory that cannot be written.
+    Found before MPI starts (:mod:`hpcrep.config_check`); ``problems`` holds one line for each,
+    and the message lists them."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(f"{len(self.problems)} hpcrep setting(s) cannot be used:\n"
+                         + "\n".join(self.problems))
 
 
 class CollectiveArgumentError(HpcrepError, ValueError):

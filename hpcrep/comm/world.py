@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from hpcrep import config
+from hpcrep import config, config_check
 from hpcrep.comm import watchdog
 from hpcrep.comm.abort import abort as abort_job
 from hpcrep.comm.communicator import Communicator
@@ -57,6 +57,10 @@ def init(comm: Any = None) -> None:
     this.
 
     Raises:
+        SettingsError: (on each rank whose environment has them, before MPI starts) misspelt
+            ``HPCREP_*`` names, values that do not parse or are out of range, or (rank 0) a
+            directory setting it cannot write; the message has one line per problem
+            (:mod:`hpcrep.config_check`).
         ConfigError: (on every rank) the ranks disagree on a setting that must be the same on
             all of them (``same_on_all_ranks`` in :mod:`hpcrep.config`), or such a setting has
             a value that does not parse.
@@ -65,6 +69,8 @@ def init(comm: Any = None) -> None:
     with _lock:
         if _world is not None:
             return
+        # local, before MPI starts; a rank spawned to grow a job writes no directories
+        config_check.check_environment(directories=not spawned_to_grow())
         MPI = _mpi()
         if not MPI.Is_initialized():  # mpi4py.rc.initialize was off (native.build.running_mpi)
             MPI.Init_thread(MPI.THREAD_MULTIPLE)

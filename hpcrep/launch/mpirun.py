@@ -128,6 +128,16 @@ def env_arguments(settings: Sequence[tuple[str, str]], mpi_family: str) -> list[
     return argv
 
 
+def forward_arguments(names: Sequence[str], mpi_family: str) -> list[str]:
+    """Return the ``mpirun`` arguments that give ranks on other hosts the launching process's
+    values of the environment variables ``names``: Open MPI ``-x NAME`` for each (its mpirun
+    passes nothing else but ``OMPI_*`` to remote nodes); none for MPICH, whose Hydra passes
+    the whole environment by default (``-genvlist`` would narrow that to the list)."""
+    if mpi_family == "mpich":
+        return []
+    return [arg for name in names for arg in ("-x", name)]
+
+
 def mpirun_env(env: Optional[dict] = None) -> dict:
     """Return a copy of ``env`` (default: os.environ) with what Open MPI needs to run as root and
     TensorFlow's log level for the ranks (``HPCREP_TF_LOG``, :mod:`hpcrep.launch.tf_log`); values

@@ -24,13 +24,13 @@ import subprocess
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
-from hpcrep import config
+from hpcrep import config, config_check
 from hpcrep.errors import LaunchOptionError
 from hpcrep.launch import hosts as hostlists
 from hpcrep.launch import relaunch
 from hpcrep.launch.heal_watch import HealWatch
-from hpcrep.launch.mpirun import (env_arguments, find_mpirun, flavor, has_ulfm, mpirun_command,
-                                  mpirun_env, ulfm_arguments)
+from hpcrep.launch.mpirun import (env_arguments, find_mpirun, flavor, forward_arguments, has_ulfm,
+                                  mpirun_command, mpirun_env, ulfm_arguments)
 from hpcrep.launch.script_api import EXPLICIT_MODULES, ExplicitImport, script_imports
 from hpcrep.launch.supervise import supervise
 from hpcrep.slurm import environment, srun
@@ -94,6 +94,9 @@ below --min-np, and grow back up to --max-np ranks at a commit when slots are fr
 otherwise the job is relaunched from its last hvd.elastic commit on the hosts still reachable
 (--max-np is refused there). --batches-per-commit N: a transparent fit also commits every N
 batches of array input, so a failure loses at most N steps instead of an epoch.
+
+settings: every HPCREP_* variable is checked first (a misspelt name, a bad value: one line each,
+exit 2, nothing launched); with -H/--hostfile each is passed to the other hosts (-x NAME).
 
 inside a Slurm allocation srun starts the ranks where the allocation is, so -H and --hostfile
 are an error there (a warning would run ranks elsewhere than you asked): leave them out, or use
@@ -183,6 +186,8 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
     """Return what ``hpcrep run`` with ``options`` (its parsed arguments) starts. Reads the
     script (to choose the mode) and a hostfile; starts nothing. ``settings`` (name, value)
     reach every rank besides the options' own (``HPCREP_ELASTIC_DIR`` under ``--elastic``).
+    With hosts (``-H``, ``--hostfile``) every other ``HPCREP_*`` variable of ``environ``
+    (default ``os.environ``) is forwarded to them (:func:`~hpcrep.launch.mpirun.forward_arguments`).
 
     Raises:
         LaunchOptionError: a bad rank count, host list or hostfile, more ranks than slots, hosts
@@ -224,8 +229,13 @@ def build_launch(options: argparse.Namespace, environ: Optional[Mapping[str, str
                                 "Slurm there is no allocation to take it from)")
     mpirun = mpirun or find_mpirun()
     family = flavor(mpirun)[0]
-    extra = (hostlists.host_arguments(hosts, family) if hosts else []) + \
-        env_arguments(settings, family) + extra
+    placed: list[str] = []
+    if hosts:  # ranks on other hosts get only what mpirun forwards: every HPCREP_* set here
+        given = {name for name, _ in settings}
+        names = sorted(name for name in (os.environ if environ is None else environ)
+                       if name.startswith(config_check.PREFIX) and name not in given)
+        placed = forward_arguments(names, family) + hostlists.host_arguments(hosts, family)
+    extra = placed + env_arguments(settings, family) + extra
     return Launch(mpirun_command(n, command, mpirun=mpirun, extra=extra), script, dict(settings),
                   transparent, found, reason)
 
@@ -327,7 +337,13 @@ def main(args: Any) -> int:
     """Run the script on N ranks and return the launcher's exit code (2: bad options).
 
     mpirun runs under :func:`hpcrep.launch.supervise.supervise` (ended if it outlives a job that
-    a rank has aborted by more than ``HPCREP_LAUNCHER_GRACE`` seconds); srun as it is."""
+    a rank has aborted by more than ``HPCREP_LAUNCHER_GRACE`` seconds); srun as it is.
+    First, with nothing launched yet, the ``HPCREP_*`` settings the ranks will get are checked
+    (:mod:`hpcrep.config_check`; the directories are checked by rank 0 itself)."""
+    found = config_check.problems()
+    if found:
+        config_check.report(found)
+        return config_check.EXIT_CODE
     try:
         launch = build_launch(args)
     except (LaunchOptionError, FileNotFoundError) as exc:

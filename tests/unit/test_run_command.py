@@ -137,6 +137,38 @@ def test_mpich_hosts_hostfile_and_mpi_args_pass_through(tmp_path, scripts):
         run_command.parse(["-H", "a:1", "--hostfile", str(hostfile), plain])
 
 
+def test_hosts_get_every_hpcrep_setting_of_this_environment(tmp_path, scripts):
+    plain, _ = scripts
+    environ = {"HPCREP_STALL_TIMEOUT": "20", "HPCREP_FUSION_THRESHOLD": "1MiB",
+               "HPCREP_TIMELINE": "mine.json", "PATH": "/bin"}
+    argv = ["-np", "2", "-H", "node1,node2", "--timeline-filename", "t.json", plain]
+    got = launch(tmp_path, argv, environ=environ)
+    # Open MPI forwards nothing else to other hosts: each name once, the option's value wins
+    assert got.argv[got.argv.index("-x"):got.argv.index(sys.executable)] == [
+        "-x", "HPCREP_FUSION_THRESHOLD", "-x", "HPCREP_STALL_TIMEOUT", "--host",
+        "node1:1,node2:1", "-x", "HPCREP_TIMELINE=t.json"]
+    # one host (no -H): the ranks inherit this environment; MPICH's Hydra passes all of it
+    assert "-x" not in launch(tmp_path, ["-np", "2", plain], environ=environ).argv
+    mpich = launch(tmp_path, ["-np", "2", "-H", "node1,node2", plain], text=MPICH_4,
+                   environ=environ).argv
+    assert mpich[mpich.index("-hosts"):mpich.index(sys.executable)] == ["-hosts",
+                                                                         "node1:1,node2:1"]
+
+
+def test_bad_settings_exit_2_before_anything_is_launched(tmp_path, scripts, monkeypatch,
+                                                         capsys):
+    plain, _ = scripts
+    monkeypatch.setenv("HPCREP_STALL_TIMEOUT", "-5")
+    monkeypatch.setenv("HPCREP_FUSION_TRESHOLD", "1MiB")
+    monkeypatch.setattr(run_command, "build_launch", lambda *a, **k: pytest.fail("launched"))
+    assert run_command.main(run_command.parse(["-np", "2", "--dry-run", plain])) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 2, err
+    assert err.startswith("hpcrep: HPCREP_FUSION_TRESHOLD is not an hpcrep setting (did you "
+                          "mean HPCREP_FUSION_THRESHOLD?)"), err
+    assert "hpcrep: HPCREP_STALL_TIMEOUT='-5' is out of range" in err
+
+
 def test_horovodrun_python_word_picks_the_ranks_python(tmp_path, scripts):
     plain, _ = scripts
     got = launch(tmp_path, ["-np", "2", "python3", plain, "--x"])
