@@ -1,5 +1,5 @@
 """Models larger than one rank, in ``hpcrep bench``: what each rank holds when the model and the
-optimizer state are sharded (issue 26).
+optimizer state are sharded.
 
 Two series of MPI jobs on this machine's local ranks, at the rank counts of the run:
 

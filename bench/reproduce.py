@@ -2,8 +2,8 @@
 a peer, per model and rank count: the median over its rounds) is checked against the earlier
 run's reported range for the same figure (min-max over all its rounds and jobs).
 
-``hpcrep report LATER --against EARLIER`` prints the table; ``make bench`` twice back to back is
-the test of issue 27 ("every summary ratio of the second run inside the first run's range").
+``hpcrep report LATER --against EARLIER`` prints the table; ``make bench`` twice back to back
+passes when every summary ratio of the second run lies inside the first run's range.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def finalize(timeout: float = 10.0, status: int = 0) -> None:
 
     After a failure Open MPI 5's ``MPI_Finalize`` can wait for good: the three survivors of a
     SIGKILLed rank, their results written, sat in ``ompi_mpi_finalize`` until the test's 180 s
-    ran out (once in the gate of 2026-11-27; 3 in about 130 runs in issue 22's probe). A rank
+    ran out (rarely: a few runs in a hundred; docs/measurements.md). A rank
     that ends without finalizing does not fail the job (``mpirun --with-ft ulfm`` exits 0). The
     call goes through ctypes, which lets go of Python's lock while it waits, so that a timer
     thread can end the process (mpi4py's ``MPI.Finalize`` keeps the lock). Standard output and

@@ -8,9 +8,8 @@ as root and with more ranks than cores) and places ranks on the hosts of ``-H``/
 Each rank runs ``python -m hpcrep script`` (transparent mode) when the script does not use the
 explicit API, else ``python -m hpcrep --no-transparent script`` (as it is, with ``horovod.*``
 mapped to hpcrep where Horovod is missing); :mod:`hpcrep.launch.script_api` reads the script to
-choose, ``--transparent``/``--no-transparent`` override it. Options of features not built yet
-are in :data:`FEATURE_OPTIONS`: passed to every rank as their setting once it exists in
-:mod:`hpcrep.config`, refused (exit 2) until then, never ignored.
+choose, ``--transparent``/``--no-transparent`` override it. horovodrun's feature options set
+their ``HPCREP_*`` setting on every rank (:data:`OPTION_SETTINGS`).
 """
 
 from __future__ import annotations
@@ -36,37 +35,14 @@ from hpcrep.launch.supervise import supervise
 from hpcrep.slurm import environment, srun
 
 
-@dataclasses.dataclass(frozen=True)
-class FeatureOption:
-    """A horovodrun option whose feature is not built yet: the setting it will set on every rank,
-    the issue that builds it, and what to use meanwhile."""
-
-    dest: str
-    flag: str
-    setting: str
-    feature: str
-    instead: str
-
-
-# When a feature lands, its setting enters hpcrep/config.py's table and the option starts to
-# work: nothing to change here.
-_RELAUNCH = ("use --elastic (relaunch from the last commit on the hosts still reachable) or "
-             "a fixed -np")
-FEATURE_OPTIONS: tuple[FeatureOption, ...] = (
-    FeatureOption("max_np", "--max-np", "HPCREP_ELASTIC_MAX_NP", "elastic training (issue 22)",
-                  _RELAUNCH),
-    FeatureOption("batches_per_commit", "--batches-per-commit",
-                  "HPCREP_ELASTIC_BATCHES_PER_COMMIT", "elastic training (issue 22)",
-                  "leave it out (commits at epoch ends)"),
-    FeatureOption("timeline_filename", "--timeline-filename", "HPCREP_TIMELINE",
-                  "the timeline (issue 23)",
-                  "use TensorFlow's profiler (tf.profiler.experimental)"),
-    FeatureOption("timeline_steps", "--timeline-steps", "HPCREP_TIMELINE_STEPS",
-                  "the timeline (issue 23)", "record every step"),
-    FeatureOption("autotune", "--autotune", "HPCREP_AUTOTUNE", "autotuning (issue 28)",
-                  "set HPCREP_FUSION_THRESHOLD and HPCREP_ALLREDUCE_CHUNK by hand"),
-    FeatureOption("autotune_log_file", "--autotune-log-file", "HPCREP_AUTOTUNE_LOG",
-                  "autotuning (issue 28)", "leave it out"),
+# horovodrun's feature options: the setting each sets on every rank (argparse dest, flag, name).
+OPTION_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("max_np", "--max-np", "HPCREP_ELASTIC_MAX_NP"),
+    ("batches_per_commit", "--batches-per-commit", "HPCREP_ELASTIC_BATCHES_PER_COMMIT"),
+    ("timeline_filename", "--timeline-filename", "HPCREP_TIMELINE"),
+    ("timeline_steps", "--timeline-steps", "HPCREP_TIMELINE_STEPS"),
+    ("autotune", "--autotune", "HPCREP_AUTOTUNE"),
+    ("autotune_log_file", "--autotune-log-file", "HPCREP_AUTOTUNE_LOG"),
 )
 
 _PYTHON = re.compile(r"^python[0-9.]*$")
@@ -126,26 +102,22 @@ def rank_command(script: str, args: Sequence[str], python: str = sys.executable,
 
 
 def feature_settings(options: argparse.Namespace) -> list[tuple[str, str]]:
-    """Return ``(setting, value)`` for each option of :data:`FEATURE_OPTIONS` that was given.
+    """Return ``(setting, value)`` for each option of :data:`OPTION_SETTINGS` that was given.
 
     Raises:
-        LaunchOptionError: a given option's setting is not in :mod:`hpcrep.config`'s table yet.
+        LaunchOptionError: a value does not parse as its setting's.
     """
     out = []
-    for f in FEATURE_OPTIONS:
-        value = getattr(options, f.dest, None)
+    for dest, flag, setting in OPTION_SETTINGS:
+        value = getattr(options, dest, None)
         if value is None or value is False:
             continue
-        if f.setting not in config.SETTINGS:
-            raise LaunchOptionError(f"{f.flag} is not available yet: {f.feature} is not built "
-                                    f"(it will set {f.setting} on every rank). Meanwhile "
-                                    f"{f.instead}.")
         text = "1" if value is True else str(value)
         try:
-            config.SETTINGS[f.setting].parse(text)
+            config.SETTINGS[setting].parse(text)
         except ValueError as exc:
-            raise LaunchOptionError(f"{f.flag} {text!r}: {exc}") from None
-        out.append((f.setting, text))
+            raise LaunchOptionError(f"{flag} {text!r}: {exc}") from None
+        out.append((setting, text))
     return out
 
 

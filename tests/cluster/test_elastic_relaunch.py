@@ -1,7 +1,7 @@
 """``hpcrep run --elastic -H node1:2,node2:2`` without ULFM, node2's link cut mid-run: the stall
 watchdog ends the ranks, the launcher supervisor ends mpirun, the probe finds node2 gone, and
 the same ``hpcrep run`` relaunches the job on node1's 2 slots from the last commit; it finishes
-there and ``hpcrep run`` exits 0 (issue 22, point 4)."""
+there and ``hpcrep run`` exits 0."""
 
 from __future__ import annotations
 

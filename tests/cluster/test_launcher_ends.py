@@ -25,7 +25,7 @@ import pytest
 
 JOB = "tests/cluster/allreduce_loop.py"
 STALL_TIMEOUT = 20
-BOUND = 50       # seconds from the cut to the launcher's exit (issue 22)
+BOUND = 50       # seconds from the cut to the launcher's exit
 PATIENCE = 90    # how long the test waits before it kills a launcher that did not end
 
 

@@ -1,5 +1,5 @@
 """In-process elastic over ULFM across the 2-node fixture (Open MPI 5 from ``.venv-ulfm``,
-``mpirun --with-ft ulfm`` with the unthreaded heartbeat detector; issue 22): 2 nodes x 2 ranks
+``mpirun --with-ft ulfm`` with the unthreaded heartbeat detector): 2 nodes x 2 ranks
 train a Keras model on Fashion-MNIST under ``@hvd.elastic.run`` (tests/launch/ulfm_elastic_job.py)
 and lose rank 3 on node2 to SIGKILL or SIGSTOP, or all of node2 to a cut link. The ranks left
 go on in the same mpirun from the last commit (with ``HPCREP_ELASTIC_MAX_NP=4`` the job grows

@@ -1,6 +1,6 @@
 """Inputs with fewer rows, ``tf.data`` batches, generator items or ``PyDataset`` batches than
 ranks, in an unchanged script under ``mpirun -n N python -m hpcrep`` (``few_rows_job.py``), at 2
-and 4 ranks (issue 24: ``predict(np.ones((1, 3)))`` at 2 ranks crashed in Keras's predict loop on
+and 4 ranks (``predict(np.ones((1, 3)))`` at 2 ranks crashed in Keras's predict loop on
 the rank with no rows, and aborted the job).
 
 ``predict`` returns every prediction, in input order, on every rank, as one process would;

@@ -1,7 +1,7 @@
 """The compiled allreduce op built for Open MPI 5 (``make ulfm`` builds
 ``_hpcrep_ops.openmpi5.so`` beside .venv's ``_hpcrep_ops.openmpi4.so``) is the one a job under
-``.venv-ulfm``'s mpirun loads, and the compiled-path tests pass with it at 2 ranks (issue 22,
-point 5: each MPI runs the op built against it). Skipped (a failure under CI=true) without
+``.venv-ulfm``'s mpirun loads, and the compiled-path tests pass with it at 2 ranks (each MPI
+runs the op built against it). Skipped (a failure under CI=true) without
 ``.venv-ulfm``."""
 
 from __future__ import annotations

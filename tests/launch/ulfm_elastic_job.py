@@ -1,7 +1,7 @@
 """A Horovod-elastic Keras job on Fashion-MNIST for tests/launch/test_ulfm_elastic.py (and
-issue 22's figures): under ``mpirun --with-ft ulfm`` (Open MPI 5, .venv-ulfm), rank ``--victim``
-SIGKILLs itself before global step ``--kill-at`` of epoch 0; the survivors shrink, return to
-the last commit and finish in the same ``mpirun``.
+docs/measurements.md's figures): under ``mpirun --with-ft ulfm`` (Open MPI 5, .venv-ulfm), rank
+``--victim`` SIGKILLs itself before global step ``--kill-at`` of epoch 0; the survivors shrink,
+return to the last commit and finish in the same ``mpirun``.
 
 Every epoch walks one permutation of the training rows in global batches of ``size x batch``
 rows, rank r taking the r-th slice; the state holds how many rows of the epoch are done, so

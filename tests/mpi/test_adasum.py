@@ -1,4 +1,4 @@
-"""op=Adasum (issue 24): Horovod's adaptive summation, on numpy and on TensorFlow tensors.
+"""op=Adasum: Horovod's adaptive summation, on numpy and on TensorFlow tensors.
 
 Every rank builds every rank's data from one seed, so each can compute the one-rank reference:
 Horovod's binary tree (ranks 2i and 2i+1 first, then pairs of pairs; ``reference_tree_reduction``

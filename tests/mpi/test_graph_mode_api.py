@@ -1,4 +1,4 @@
-"""Horovod's API in TF1 graphs run by a session (issue 24): grouped_reducescatter and
+"""Horovod's API in TF1 graphs run by a session: grouped_reducescatter and
 broadcast_global_variables, as Horovod's own tests build them (``tf.Graph`` + ``Session``)."""
 
 import numpy as np
@@ -25,7 +25,7 @@ def test_grouped_reducescatter_in_a_graph_reduces_each_tensor_with_its_own(world
     in every one of several sessions, and the gradient is the allgathered upstream gradient
     times size. A group that ran as separate ops paired tensors at random across ranks.
     The gradients (one gather per tensor, as Horovod's) run one per session.run: independent
-    collectives of one run have no order yet (issue 24, point 2)."""
+    collectives of one run have no order yet."""
     r, n = world
     k = 6
     for trial in range(4):
@@ -54,7 +54,7 @@ def test_grouped_reducescatter_in_a_graph_with_scale_factors_and_float16(world):
                    (np.float16, np.float32, np.float64, np.float16)]
         summed = hvd.grouped_reducescatter(tensors, op=hvd.Sum, prescale_factor=0.5)
         averaged = hvd.grouped_reducescatter(tensors, op=hvd.Average)
-        # Two groups in two runs: independent ops of one run have no order (issue 24, point 2).
+        # Two groups in two runs: independent ops of one run have no order.
         got_sum = session.run(summed)
         got_avg = session.run(averaged)
     for s, a, t in zip(got_sum, got_avg, tensors):

@@ -1,4 +1,4 @@
-"""The Horovod API hpcrep was missing (issue 11): topology ops and flags, in-place broadcast,
+"""The Horovod API hpcrep was missing: topology ops and flags, in-place broadcast,
 local (model-parallel) variables in tapes, optimizers and the broadcast callback, and the
 learning-rate schedule callback."""
 

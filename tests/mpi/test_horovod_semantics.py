@@ -1,4 +1,4 @@
-"""Where hpcrep used to differ from Horovod silently (issue 11), it now matches Horovod's own tests.
+"""Where hpcrep used to differ from Horovod silently, it now matches Horovod's own tests.
 
 Each test names the Horovod test (``test/parallel/test_tensorflow.py``) whose expected values it
 reproduces, with the ranks' data built the same way.

@@ -1,4 +1,4 @@
-"""hvd.load_model (issue 24): a saved Keras 3 model comes back with a distributed optimizer that
+"""hvd.load_model: a saved Keras 3 model comes back with a distributed optimizer that
 keeps the saved optimizer state, on every rank."""
 
 import os

@@ -1,5 +1,5 @@
 """The compiled op is built once per MPI binary interface (hpcrep.comm.world.mpi_flavour): Open
-MPI 4 and 5 each load their own library from the same checkout (issue 22, point 5)."""
+MPI 4 and 5 each load their own library from the same checkout."""
 
 import os
 import subprocess

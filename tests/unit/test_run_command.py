@@ -177,27 +177,9 @@ def test_horovodrun_python_word_picks_the_ranks_python(tmp_path, scripts):
         launch(tmp_path, ["-np", "2", "python", "-u", plain])
 
 
-@pytest.mark.parametrize("option, words", [
-    (["--max-np", "8"], ["--max-np", "elastic training (issue 22)", "HPCREP_ELASTIC_MAX_NP"]),
-    (["--timeline-filename", "t.json"], ["--timeline-filename", "issue 23", "HPCREP_TIMELINE"]),
-    (["--autotune"], ["--autotune", "issue 28", "HPCREP_AUTOTUNE"]),
-])
-def test_options_of_features_not_built_yet_exit_2_with_one_line(tmp_path, scripts, capsys,
-                                                                 option, words):
+def test_feature_options_reach_every_rank_as_their_settings(tmp_path, scripts):
     plain, _ = scripts
-    if any(f.setting in config.SETTINGS for f in run_command.FEATURE_OPTIONS if f.flag == words[0]):
-        pytest.skip(f"{words[0]} is built now; test_feature_settings_reach_every_rank covers it")
-    assert run_command.main(run_command.parse(["-np", "2", *option, "--dry-run", plain])) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not available yet" in err and "Meanwhile" in err, err
-    for word in words:
-        assert word in err, err
-
-
-def test_feature_settings_reach_every_rank_once_they_exist(tmp_path, scripts, monkeypatch):
-    plain, _ = scripts
-    for f in run_command.FEATURE_OPTIONS:
-        monkeypatch.setitem(config.SETTINGS, f.setting, config.Setting(f.setting, str, "", "x"))
+    assert all(setting in config.SETTINGS for _, _, setting in run_command.OPTION_SETTINGS)
     argv = ["-np", "2", "--timeline-filename", "t.json", "--autotune", plain]
     got = launch(tmp_path, argv)
     first = got.argv.index("-x")
