@@ -125,6 +125,7 @@ _BYTES = Range("a byte count >= 0 (0: off), such as 0, 4MiB or 16777216", lambda
 _SHARE = Range("a finite share > 0 and <= 1", lambda v: math.isfinite(v) and 0 < v <= 1)
 _LOG_LEVELS = Range("debug, info, warning or error",
                     lambda v: v.strip().lower() in ("debug", "info", "warning", "error"))
+_RECOVERIES = Range("auto or relaunch", lambda v: v.strip().lower() in ("auto", "relaunch"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +222,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "rank's exit code. Open MPI 4.1's mpirun otherwise waits for the daemon of a node it "
             "cannot reach (a cut link) until the link returns. 0 runs mpirun unsupervised.",
             legal=_seconds("unsupervised")),
+    Setting("HPCREP_ELASTIC_RECOVERY", str, "auto",
+            "hpcrep run --elastic: how a job outlives a failed rank. auto: in place where an MPI "
+            "with ULFM is at hand (the survivors shrink and go on in the same job; the MPI of "
+            "hpcrep run's Python, else the project's .venv-ulfm that make ulfm builds, which "
+            "hpcrep run then runs under), else by a relaunch from the last commit. relaunch: "
+            "always relaunch.", legal=_RECOVERIES),
     Setting("HPCREP_ULFM_DETECT_TIMEOUT", float, 5.0,
             "hpcrep run --elastic on an MPI with ULFM (Open MPI 5): seconds without a heartbeat "
             "after which ULFM's detector (a heartbeat every third of it, at most 1 s; MPI "

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 from hpcrep import config, config_check
 from hpcrep.errors import LaunchOptionError
 from hpcrep.launch import hosts as hostlists
-from hpcrep.launch import relaunch
+from hpcrep.launch import recovery_choice, relaunch
 from hpcrep.launch.heal_watch import HealWatch
 from hpcrep.launch.mpirun import (env_arguments, find_mpirun, flavor, forward_arguments, has_ulfm,
                                   mpirun_command, mpirun_env, ulfm_arguments)
@@ -302,7 +302,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     """Return ``hpcrep run``'s arguments parsed from ``argv`` (what follows ``hpcrep run``)."""
     parser = argparse.ArgumentParser(prog="hpcrep run")
     configure(parser)
-    return parser.parse_args(list(argv))
+    args = parser.parse_args(list(argv))
+    args.argv = list(argv)  # as given: --elastic may run them again under another Python
+    return args
+
+
+def forward(name: str, argv: Sequence[str]) -> int:
+    """``hpcrep run ARGV`` (:mod:`hpcrep.cli` hands the arguments over unparsed)."""
+    return main(parse(argv))
 
 
 def main(args: Any) -> int:
@@ -337,6 +344,13 @@ def main(args: Any) -> int:
     if launch.launcher == "srun":
         return subprocess.call(launch.argv, env=env)
     if args.elastic:
+        better = recovery_choice.in_place_python(find_mpirun())
+        if better is not None and getattr(args, "argv", None) is not None:
+            print(f"hpcrep run: elastic: this MPI has no ULFM; running under {better} (the "
+                  "project's MPI with ULFM, make ulfm), whose ranks recover in place",
+                  file=sys.stderr, flush=True)
+            sys.stderr.flush()
+            os.execv(better, [better, "-m", "hpcrep.cli", "run", *args.argv])
         return _run_elastic(args, env)
     return supervise(launch.argv, env=env)
 
@@ -355,10 +369,7 @@ def _run_elastic(args: argparse.Namespace, env: dict) -> int:
             f"--max-np: growing a job back needs an MPI with ULFM (Open MPI 5: make ulfm, then "
             f".venv-ulfm/bin/python -m hpcrep.cli run ...); {mpirun} has none, so a failed job "
             "is relaunched on the hosts still reachable instead. Leave --max-np out.")
-    if in_process:
-        print(f"hpcrep run: elastic: {mpirun} has ULFM: a failed rank's survivors go on in the "
-              "same job (@hvd.elastic.run); a job that fails as a whole is relaunched from its "
-              "last commit", file=sys.stderr, flush=True)
+    print(recovery_choice.describe(mpirun, in_process), file=sys.stderr, flush=True)
 
     def launch(n: int, where: Sequence[hostlists.Host], attempt_env: dict) -> int:
         mpi_args = args.mpi_args or ""

@@ -80,10 +80,10 @@ def _find_spec(name: str) -> Optional[importlib.machinery.ModuleSpec]:
 
 
 def _world() -> tuple[int, int]:
-    from hpcrep.comm.world import _mpi  # noqa: PLC0415 - MPI only when a script runs
+    import hpcrep.comm.world  # noqa: PLC0415, F401 - what must be set before MPI starts
+    from mpi4py import MPI  # noqa: PLC0415 - MPI only when a script runs
 
-    world = _mpi().COMM_WORLD
-    return world.Get_rank(), world.Get_size()
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
 def abort_job(code: int, message: str) -> None:

@@ -28,7 +28,8 @@ def test_a_cut_node_is_left_out_and_the_job_relaunched_from_its_last_commit(clus
     env = cluster.env(PYTHONPATH=os.pathsep.join([str(cluster.root),
                                                   os.environ.get("PYTHONPATH", "")]),
                       HPCREP_STALL_TIMEOUT=str(STALL_TIMEOUT), HPCREP_ELASTIC_DIR=str(elastic_dir),
-                      OMPI_MCA_oob_tcp_keepalive_time="300")  # the watchdog alone ends the ranks
+                      OMPI_MCA_oob_tcp_keepalive_time="300",  # the watchdog alone ends the ranks
+                      HPCREP_ELASTIC_RECOVERY="relaunch")  # not .venv-ulfm's in-place recovery
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=cluster.root, start_new_session=True)
     lines: list[str] = []

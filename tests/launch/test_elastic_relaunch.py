@@ -2,7 +2,9 @@
 relaunches it from the last ``hvd.elastic`` commit (one ``hpcrep run``, exit 0) and it ends with
 the weights of a run that never failed; a stopped (hung) rank is caught by the stall watchdog and
 the job relaunched the same way; a job that fails before committing anything is not relaunched;
-SIGTERM or SIGINT sent to ``hpcrep run`` stops the job for good (no relaunch)."""
+SIGTERM or SIGINT sent to ``hpcrep run`` stops the job for good (no relaunch). These are the
+relaunch path's tests (HPCREP_ELASTIC_RECOVERY=relaunch); with the project's .venv-ulfm built,
+the default ``hpcrep run --elastic`` recovers in place instead, as the last test shows."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ TRANSPARENT_JOB = str(Path(__file__).with_name("transparent_elastic_job.py"))
 def hpcrep_run(mpirun, cwd, *argv: str, timeout: float = 300,
                env: dict | None = None) -> subprocess.CompletedProcess:
     """``hpcrep run ARGV`` from ``cwd`` (where --elastic makes its commit directory)."""
-    env = mpirun.env({"HPCREP_THREADS": "1",
+    env = mpirun.env({"HPCREP_THREADS": "1", "HPCREP_ELASTIC_RECOVERY": "relaunch",
                       "PYTHONPATH": os.pathsep.join([str(mpirun.root),
                                                      os.environ.get("PYTHONPATH", "")]),
                       **(env or {})})
@@ -137,13 +139,17 @@ def _job_processes(marker: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_to_hpcrep_run_stops_an_elastic_job_without_a_relaunch(mpirun, scratch, signum):
+@pytest.mark.parametrize("signum, recovery", [(signal.SIGTERM, "relaunch"),
+                                              (signal.SIGINT, "relaunch"),
+                                              (signal.SIGTERM, "auto")],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-in-place"])
+def test_a_signal_to_hpcrep_run_stops_an_elastic_job_without_a_relaunch(mpirun, scratch, signum,
+                                                                        recovery):
     """``kill`` (or Ctrl-C from a script) stops ``hpcrep run --elastic``: the launcher and its
     ranks end within seconds, there is no relaunch, the exit code is 128 + the signal, and the
     last commit is kept with the command that resumes from it."""
     out = os.path.join(scratch, "stopped.npz")
-    env = mpirun.env({"HPCREP_THREADS": "1",
+    env = mpirun.env({"HPCREP_THREADS": "1", "HPCREP_ELASTIC_RECOVERY": recovery,
                       "PYTHONPATH": os.pathsep.join([str(mpirun.root),
                                                      os.environ.get("PYTHONPATH", "")])})
     env.pop("HPCREP_ELASTIC_DIR", None)

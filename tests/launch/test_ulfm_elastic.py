@@ -181,7 +181,7 @@ def test_hpcrep_run_elastic_on_open_mpi_5_goes_on_and_grows_back_to_max_np(ulfm_
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     output = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
-    assert "has ULFM: a failed rank's survivors go on in the same job" in done.stderr, output
+    assert "recovery in place (ULFM" in done.stderr, output
     assert f"hpcrep: rank(s) {VICTIM} of {RANKS} failed; {RANKS - 1} survivors go on" \
         in done.stderr, output
     assert f"hpcrep: the job grew from {RANKS - 1} to {RANKS} ranks" in done.stderr, output
@@ -260,6 +260,30 @@ def first_step_after_resume(stderr: str, death: float) -> float:
     resumed = min(t for t in begins if t > death)
     ends = sorted(float(t) for t in re.findall(r"step end ([0-9.]+)", stderr))
     return min(t for t in ends if t > resumed) - death
+
+
+@pytest.mark.timeout(300)
+def test_the_default_hpcrep_run_elastic_recovers_in_place_with_the_projects_ulfm_mpi(ulfm_venv,
+                                                                                     scratch):
+    """``hpcrep run --elastic`` from the default install (.venv: Open MPI 4.1, no ULFM) finds
+    the project's .venv-ulfm, says so, and runs the job under it: a SIGKILLed rank's survivors
+    shrink and go on in the same job (no relaunch), and the launcher exits 0."""
+    script = str(HERE / "transparent_elastic_job.py")
+    argv = [str(ROOT / ".venv" / "bin" / "python"), "-m", "hpcrep.cli", "run", "-np",
+            str(RANKS), "--elastic", script, str(scratch)]
+    env = job_env(KILL_RANK=str(VICTIM), KILL_AT="10", HPCREP_ELASTIC_RECOVERY="auto")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env,
+                          cwd=scratch)
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    assert f"running under {ulfm_venv / 'bin' / 'python'}" in done.stderr, output
+    assert "hpcrep run: elastic: recovery in place (ULFM" in done.stderr, output
+    assert "hpcrep: fit goes on at epoch 2 on 3 ranks" in done.stderr, output
+    assert "relaunching" not in done.stderr, output
+    took = first_step_after_resume(done.stderr, float((scratch / "death").read_text()))
+    print(f"\ndefault hpcrep run --elastic: rank {VICTIM} of {RANKS} SIGKILLed; first step of "
+          f"the survivors {took:.3f} s after")
+    assert took < 30, took
 
 
 @pytest.mark.timeout(300)
