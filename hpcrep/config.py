@@ -228,6 +228,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "hpcrep run's Python, else the project's .venv-ulfm that make ulfm builds, which "
             "hpcrep run then runs under), else by a relaunch from the last commit. relaunch: "
             "always relaunch.", legal=_RECOVERIES),
+    Setting("HPCREP_TENSORBOARD", str, "",
+            "Transparent mode: rank 0 writes hpcrep's per-step communication figures (exposed "
+            "communication, overlap, bytes, bandwidth, stragglers) as TensorBoard scalars into "
+            "DIR/hpcrep at every epoch's end (hvd.callbacks.CommunicationTensorBoard). A "
+            "directory, or auto: the log_dir of the script's keras.callbacks.TensorBoard, beside "
+            "its own runs. Empty: off, nothing recorded."),
     Setting("HPCREP_ULFM_DETECT_TIMEOUT", float, 5.0,
             "hpcrep run --elastic on an MPI with ULFM (Open MPI 5): seconds without a heartbeat "
             "after which ULFM's detector (a heartbeat every third of it, at most 1 s; MPI "

@@ -6,7 +6,8 @@ from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback
                                                 LearningRateScheduleCallback,
                                                 LearningRateWarmupCallback,
                                                 MetricAverageCallback, TimelineCallback)
+from hpcrep.tensorflow._keras.communication_board import CommunicationTensorBoard
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BackupAndRestore",
-           "TimelineCallback"]
+           "TimelineCallback", "CommunicationTensorBoard"]

@@ -23,18 +23,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Optional
 
 import keras
 import numpy as np
 from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
-from hpcrep import comm
+from hpcrep import comm, config
 from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
 from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback,
                                                 MetricAverageCallback, TimelineCallback,
                                                 average_logs)
 from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
+from hpcrep.tensorflow._keras.communication_board import CommunicationTensorBoard
 from hpcrep.tensorflow.replica_check import watch_model
 from hpcrep.tensorflow.transparent import elastic_fit, sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
@@ -72,7 +74,20 @@ def distributed_callbacks(callbacks: Any, checkpoint: Optional[keras.callbacks.C
     kept = user if comm.rank() == 0 else [cb for cb in user
                                           if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
     return [BroadcastGlobalVariablesCallback(root_rank=0), MetricAverageCallback(),
-            TimelineCallback(), *kept, *([checkpoint] if checkpoint is not None else [])]
+            _timeline_callback(user), *kept, *([checkpoint] if checkpoint is not None else [])]
+
+
+def _timeline_callback(user: list) -> keras.callbacks.Callback:
+    """Return what marks ``fit``'s steps in the timeline: with ``HPCREP_TENSORBOARD`` (a
+    directory, or ``auto``: the script's ``keras.callbacks.TensorBoard``'s ``log_dir``), the
+    callback that also writes the communication figures for TensorBoard. Every rank decides
+    alike (the setting is the same everywhere; ``auto`` looks at the callbacks every rank was
+    given)."""
+    board = config.get("HPCREP_TENSORBOARD").strip()
+    if board.lower() == "auto":
+        board = next((os.fspath(cb.log_dir) for cb in user
+                      if isinstance(cb, keras.callbacks.TensorBoard)), "")
+    return CommunicationTensorBoard(board) if board else TimelineCallback()
 
 
 def _quiet_off_root(arguments: dict) -> None:
