@@ -294,6 +294,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launcher", choices=("auto", "mpirun", "srun"), default="auto",
                         help="auto: srun inside a Slurm allocation, else mpirun")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    parser.add_argument("--check", action="store_true",
+                        help="run hpcrep doctor for this job's placement instead of the job; "
+                             "exit code as the doctor's")
     parser.add_argument("script", help="the Python script to run on every rank")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
 
@@ -316,6 +319,8 @@ def main(args: Any) -> int:
     if found:
         config_check.report(found)
         return config_check.EXIT_CODE
+    if args.check:
+        return _check(args)
     try:
         launch = build_launch(args)
     except (LaunchOptionError, FileNotFoundError) as exc:
@@ -339,6 +344,19 @@ def main(args: Any) -> int:
     if args.elastic:
         return _run_elastic(args, env)
     return supervise(launch.argv, env=env)
+
+
+def _check(args: argparse.Namespace) -> int:
+    """``--check``: run :mod:`hpcrep.launch.doctor` for the ranks, hosts and launcher of
+    ``args``; start nothing else."""
+    from hpcrep.launch.doctor import command as doctor  # noqa: PLC0415
+
+    try:
+        placement = doctor.placement_of(args)
+    except LaunchOptionError as exc:
+        print(f"hpcrep run: {exc}", file=sys.stderr)
+        return 2
+    return doctor.diagnose(placement)
 
 
 def _run_elastic(args: argparse.Namespace, env: dict) -> int:
