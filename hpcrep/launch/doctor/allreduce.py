@@ -17,8 +17,9 @@ import sys
 from typing import Optional
 
 from hpcrep.launch import hosts as hostlists
-from hpcrep.launch.doctor.placement import Placement
+from hpcrep.launch.doctor.placement import Placement, child_env
 from hpcrep.launch.doctor.result import FAIL, OK, WARN, Result
+from hpcrep.launch.doctor.site import mca_setting
 from hpcrep.launch.mpirun import (find_mpirun, flavor, forward_arguments, mpirun_command,
                                   mpirun_env)
 from hpcrep.slurm import srun
@@ -34,7 +35,7 @@ _PROBE = "hpcrep.launch.doctor.allreduce_probe"
 def probe_argv(placement: Placement, family: str, mpirun: Optional[str] = None,
                python: str = sys.executable) -> list[str]:
     """Return the command that runs the 2-rank probe where ``placement`` puts ranks. Local."""
-    command = [python, "-m", _PROBE, str(NBYTES)]
+    command = [python, "-P", "-m", _PROBE, str(NBYTES)]
     if placement.launcher == "srun":
         return srun.srun_command(2, [*placement.mpi_args, *command], srun.mpi_plugin(family))
     extra: list[str] = []
@@ -48,7 +49,7 @@ def probe_argv(placement: Placement, family: str, mpirun: Optional[str] = None,
 
 
 def _run(argv: list[str], timeout: float) -> tuple[int, str, str]:
-    env = mpirun_env({**os.environ, "OMP_NUM_THREADS": "1"})
+    env = mpirun_env({**child_env(), "OMP_NUM_THREADS": "1"})
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
     try:
@@ -75,11 +76,20 @@ def check_allreduce(placement: Placement, timeout: float = 120) -> Result:
         tail = (err.strip().splitlines() or [f"exit code {code}"])[-1]
         return Result(name, FAIL, f"a 2-rank allreduce did not run ({argv[0]}): {tail}",
                       "run it by hand to see the whole error: " + " ".join(argv))
-    return judge(json.loads(lines[-1]), placement.multi_host, argv[0])
+    btl = mca_setting("btl", placement.mpi_args, os.environ)
+    return judge(json.loads(lines[-1]), placement.multi_host, argv[0], btl)
 
 
-def judge(found: dict, across_hosts: bool, launcher: str = "mpirun") -> Result:
-    """Return the check's result for what the probe measured (``found``). Pure."""
+def shared_memory(btl: str) -> bool:
+    """Return True if Open MPI's ``btl`` setting (``tcp,self,vader``, or ``^tcp`` to exclude)
+    keeps a shared-memory transport (vader in Open MPI 4, sm in 5). Pure."""
+    names = set(btl.lstrip("^").split(","))
+    return not names & {"vader", "sm"} if btl.startswith("^") else bool(names & {"vader", "sm"})
+
+
+def judge(found: dict, across_hosts: bool, launcher: str = "mpirun", btl: str = "") -> Result:
+    """Return the check's result for what the probe measured (``found``), with Open MPI's
+    ``btl`` setting (empty: its default). Pure."""
     name = "allreduce"
     if found["size"] != 2:
         return Result(name, FAIL, f"{launcher} started ranks that see a world of size "
@@ -96,6 +106,10 @@ def judge(found: dict, across_hosts: bool, launcher: str = "mpirun") -> Result:
                f"{latency_us:.1f} us, {mb} MB allreduce {gbs:.2f} GB/s")
     if across_hosts:
         return Result(name, OK, f"{figures} (compare with the link's rate)")
+    if btl and not shared_memory(btl):
+        return Result(name, WARN, f"{figures}; btl={btl} leaves out shared memory, so local "
+                      "ranks talk over TCP", "add vader (Open MPI 4) or sm (Open MPI 5) to btl, "
+                      "or unset it")
     low = found["bandwidth"] < LOCAL_SHARE * found["memcpy"]
     slow = found["latency"] > LOCAL_LATENCY
     if low or slow:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from hpcrep import config
+from hpcrep.launch.doctor.placement import child_env
 from hpcrep.launch.doctor.result import FAIL, OK, WARN, Result
 
 BUILD = "python -m hpcrep.tensorflow.native.build (make install does it for .venv, make ulfm " \
@@ -24,8 +25,8 @@ def check_native(timeout: float = 180) -> Result:
     TensorFlow does not import). Local."""
     name = "compiled-op"
     try:
-        done = subprocess.run([sys.executable, "-m", "hpcrep.launch.doctor.native_probe"],
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([sys.executable, "-P", "-m", "hpcrep.launch.doctor.native_probe"],
+                              capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
         return Result(name, WARN, f"loading TensorFlow and the op took over {timeout:g} s",
                       "run python -m hpcrep.tensorflow.native to see why")

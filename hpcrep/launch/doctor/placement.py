@@ -6,8 +6,11 @@ Pure functions apart from :func:`is_local` (which asks this machine for its name
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
+
+import hpcrep
 
 from hpcrep.launch.hosts import Host
 
@@ -55,3 +58,13 @@ def ranks_per_host(ranks: int, hosts: Sequence[Host]) -> list[int]:
         out.append(take)
         left -= take
     return out
+
+
+def child_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """Return ``environ`` (default os.environ) with this process's hpcrep first on PYTHONPATH, so
+    that a child Python run with ``-P`` (no working directory on its path) imports the same hpcrep
+    as the doctor. Local."""
+    env = dict(os.environ if environ is None else environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(hpcrep.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env

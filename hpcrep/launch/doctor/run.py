@@ -16,7 +16,8 @@ def run_checks(placement: Placement,
                report: Optional[Callable[[Result], None]] = None) -> list[Result]:
     """Return the result of every check for ``placement``, calling ``report`` on each as it is
     known. The allreduce job is skipped when the MPI check failed (it would only hang or crash
-    the same way). Local (the last check starts a 2-rank job)."""
+    the same way), and so is ULFM's (it would describe the wrong MPI). Local (the last check
+    starts a 2-rank job)."""
     results: list[Result] = []
 
     def add(result: Result) -> None:
@@ -27,7 +28,8 @@ def run_checks(placement: Placement,
     mpi = check_mpi_library()
     add(mpi)
     add(check_native())
-    add(check_ulfm())
+    add(check_ulfm() if mpi.status != FAIL else
+        Result("ulfm", SKIP, "not judged: mpi4py's MPI is not the launcher's (see mpi-library)"))
     family = mpi_family()
     add(check_slurm(family))
     add(check_cores(placement))
