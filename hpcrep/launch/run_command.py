@@ -55,6 +55,7 @@ examples:
   hpcrep run -np 4 python train.py              horovodrun's form: the ranks use that python
   hpcrep run -np 2 --mpi-args "--mca btl tcp,self" train.py    extra mpirun arguments
   hpcrep run -np 4 --verbose --dry-run train.py    show the mode chosen and the command
+  hpcrep run --check -np 4 -H node1:2,node2:2 train.py   run hpcrep doctor for this job instead
 
 mode: a script that imports hpcrep.tensorflow, hpcrep.keras or horovod.* (anywhere in it)
 runs as it is, on every rank (python -m hpcrep --no-transparent); horovod.tensorflow and
@@ -319,8 +320,10 @@ def main(args: Any) -> int:
     if found:
         config_check.report(found)
         return config_check.EXIT_CODE
-    if args.check:
-        return _check(args)
+    if args.check:  # the doctor for this job's placement, nothing launched
+        from hpcrep.launch.doctor import command as doctor  # noqa: PLC0415
+
+        return doctor.main(args, prog="hpcrep run")
     try:
         launch = build_launch(args)
     except (LaunchOptionError, FileNotFoundError) as exc:
@@ -344,19 +347,6 @@ def main(args: Any) -> int:
     if args.elastic:
         return _run_elastic(args, env)
     return supervise(launch.argv, env=env)
-
-
-def _check(args: argparse.Namespace) -> int:
-    """``--check``: run :mod:`hpcrep.launch.doctor` for the ranks, hosts and launcher of
-    ``args``; start nothing else."""
-    from hpcrep.launch.doctor import command as doctor  # noqa: PLC0415
-
-    try:
-        placement = doctor.placement_of(args)
-    except LaunchOptionError as exc:
-        print(f"hpcrep run: {exc}", file=sys.stderr)
-        return 2
-    return doctor.diagnose(placement)
 
 
 def _run_elastic(args: argparse.Namespace, env: dict) -> int:

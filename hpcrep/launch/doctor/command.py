@@ -72,14 +72,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def main(args: Any) -> int:
-    """Run the doctor; return its exit code (2: bad options)."""
+def main(args: Any, prog: str = "hpcrep doctor") -> int:
+    """Run the doctor for the placement ``args`` describe (``hpcrep doctor``'s, or ``hpcrep
+    run``'s under ``--check``: ``prog`` names it in messages); return its exit code (2: bad
+    options)."""
     try:
         placement = placement_of(args)
     except LaunchOptionError as exc:
-        print(f"hpcrep doctor: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    return diagnose(placement, args.json)
+    return diagnose(placement, bool(getattr(args, "json", False)))
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
