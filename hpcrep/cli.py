@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("hpcrep.launch.checkout", "re-render a benchmark report from its JSON"),
     "analyze": ("hpcrep.analysis.command", "compute, exposed communication, overlap and "
                 "stragglers of a timeline (HPCREP_TIMELINE)"),
+    "doctor": ("hpcrep.launch.doctor.command", "check this site before a job: MPI, compiled op, "
+               "ULFM, Slurm, cores, network, a 2-rank allreduce"),
 }
 
 

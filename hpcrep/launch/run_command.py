@@ -55,6 +55,7 @@ examples:
   hpcrep run -np 4 python train.py              horovodrun's form: the ranks use that python
   hpcrep run -np 2 --mpi-args "--mca btl tcp,self" train.py    extra mpirun arguments
   hpcrep run -np 4 --verbose --dry-run train.py    show the mode chosen and the command
+  hpcrep run --check -np 4 -H node1:2,node2:2 train.py   run hpcrep doctor for this job instead
 
 mode: a script that imports hpcrep.tensorflow, hpcrep.keras or horovod.* (anywhere in it)
 runs as it is, on every rank (python -m hpcrep --no-transparent); horovod.tensorflow and
@@ -294,6 +295,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launcher", choices=("auto", "mpirun", "srun"), default="auto",
                         help="auto: srun inside a Slurm allocation, else mpirun")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    parser.add_argument("--check", action="store_true",
+                        help="run hpcrep doctor for this job's placement instead of the job; "
+                             "exit code as the doctor's")
     parser.add_argument("script", help="the Python script to run on every rank")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
 
@@ -323,6 +327,10 @@ def main(args: Any) -> int:
     if found:
         config_check.report(found)
         return config_check.EXIT_CODE
+    if args.check:  # the doctor for this job's placement, nothing launched
+        from hpcrep.launch.doctor import command as doctor  # noqa: PLC0415
+
+        return doctor.main(args, prog="hpcrep run")
     try:
         launch = build_launch(args)
     except (LaunchOptionError, FileNotFoundError) as exc:
