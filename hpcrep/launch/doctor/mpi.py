@@ -14,6 +14,7 @@ import sys
 from typing import Optional
 
 from hpcrep.launch.doctor.result import FAIL, OK, SKIP, WARN, Result
+from hpcrep.launch import recovery_choice
 from hpcrep.launch.mpirun import find_mpirun, flavor, has_ulfm
 
 _LIBRARY_PATTERNS = ((r"Open MPI v(\d+(?:\.\d+)*)", "Open MPI"),
@@ -114,19 +115,6 @@ def check_mpi_library() -> Result:
                   fix)
 
 
-def ulfm_venv() -> Optional[str]:
-    """Return the checkout's ``.venv-ulfm`` (Open MPI 5 with ULFM, ``make ulfm``) if it exists
-    beside this environment or beside the hpcrep package, else None. Local."""
-    import hpcrep  # noqa: PLC0415
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(hpcrep.__file__)))
-    for root in (os.path.dirname(sys.prefix), here):
-        venv = os.path.join(root, ".venv-ulfm")
-        if os.path.exists(os.path.join(venv, "bin", "python")):
-            return venv
-    return None
-
-
 def check_ulfm() -> Result:
     """Whether the mpirun hpcrep would use has ULFM, and so what ``hpcrep run --elastic`` does
     after a failed rank: survivors shrink and go on in the job, or the job is relaunched from its
@@ -140,15 +128,16 @@ def check_ulfm() -> Result:
         return Result(name, OK, f"{mpirun} has ULFM: after a failed rank, hpcrep run --elastic "
                       "shrinks and goes on in the same job (in-process recovery)")
     family, major = flavor(mpirun)
-    finding = (f"{mpirun} ({family} {major}) has no ULFM: after a failed rank, hpcrep run "
-               "--elastic relaunches the job from its last commit")
-    venv = ulfm_venv()
-    if venv is not None and os.path.realpath(sys.prefix) != os.path.realpath(venv):
-        return Result(name, OK, f"{finding}; {venv} (Open MPI 5 with ULFM) is here",
-                      f"for in-process recovery run {venv}/bin/python -m hpcrep.cli run "
-                      "--elastic ...")
-    return Result(name, OK, finding, "for in-process recovery use Open MPI 5 with ULFM "
-                  "(make ulfm builds .venv-ulfm)")
+    better = recovery_choice.in_place_python(mpirun)
+    if better is not None:
+        return Result(name, OK, f"{mpirun} ({family} {major}) has no ULFM, but {better} (the "
+                      "project's Open MPI 5 with ULFM) is here: hpcrep run --elastic runs the "
+                      "job under it, and after a failed rank the survivors shrink and go on in "
+                      "the same job (in-process recovery)")
+    return Result(name, OK, f"{mpirun} ({family} {major}) has no ULFM: after a failed rank, "
+                  "hpcrep run --elastic relaunches the job from its last commit",
+                  "for in-process recovery use Open MPI 5 with ULFM (make ulfm builds "
+                  ".venv-ulfm, which hpcrep run --elastic then uses by itself)")
 
 
 def mpi_family() -> str:
