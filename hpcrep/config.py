@@ -191,12 +191,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("HPCREP_FLIGHT_RECORDER", int, 256,
             "Flight recorder: each rank keeps its last this many collectives (kind, tensor names, "
             "dtypes and shapes, call number, communicator, the line of user code that issued it, "
-            "start and end times) and writes them to hpcrep-flight-<job>-rank<r>.json when the "
+            "start and end times) and writes them to hpcrep-flight-<job>/rank<r>.json when the "
             "stall watchdog fires, the mismatch check fails or the job aborts, with a summary "
             "on stderr naming the first call where the ranks' histories differ. 0 turns it off.",
             legal=_count(0, "off")),
     Setting("HPCREP_FLIGHT_DIR", str, "",
-            "Directory the flight recorder writes its files to; empty: each rank's working "
+            "Directory the flight recorder writes its files to (hpcrep-flight-<job>-rank<r>"
+            ".json); empty: the directory hpcrep-flight-<job> in each rank's working "
             "directory."),
     Setting("HPCREP_STRAGGLER_WINDOW", int, 100,
             "Straggler warning: over this many of the last collectives on the whole job (Python "

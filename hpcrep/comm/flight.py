@@ -8,8 +8,9 @@ first frame outside hpcrep), the thread, and its start and end times. The cost i
 record per collective: 15-40 microseconds for a call of 8 tensors on this project's 2-core VM
 (``HPCREP_FLIGHT_RECORDER=0``: 6), against 100 or more for the smallest hpcrep collective.
 
-The ring is written to ``hpcrep-flight-<job>-rank<r>.json`` in ``HPCREP_FLIGHT_DIR`` (the job's
-working directory unless set), with a summary on stderr, when
+The ring is written to one directory of the job's in the working directory,
+``hpcrep-flight-<job>/rank<r>.json`` (with ``HPCREP_FLIGHT_DIR``: to
+``hpcrep-flight-<job>-rank<r>.json`` there), with a summary on stderr, when
 
 - the stall watchdog warns (every waiting rank writes its file, before any rank aborts) and
   aborts (the file again, and the summary: the first call at which the ranks' histories differ
@@ -221,12 +222,16 @@ def _ranks(ranks: Sequence[int], hosts: Sequence[str]) -> str:
 
 
 def dump_path(rank: int) -> str:
-    """Where rank ``rank`` writes its ring: HPCREP_FLIGHT_DIR (or the working directory)."""
+    """Where rank ``rank`` writes its ring: ``HPCREP_FLIGHT_DIR/hpcrep-flight-<job>-rank<r>.json``,
+    or without that setting one directory of the job's in the working directory,
+    ``hpcrep-flight-<job>/rank<r>.json``."""
     job = (os.environ.get("SLURM_JOB_ID") or os.environ.get("PMIX_NAMESPACE")
            or os.environ.get("OMPI_MCA_orte_ess_jobid") or "job")
     job = re.sub(r"[^A-Za-z0-9_.-]+", "_", job)
-    return os.path.join(config.get("HPCREP_FLIGHT_DIR") or os.getcwd(),
-                        f"hpcrep-flight-{job}-rank{rank}.json")
+    directory = config.get("HPCREP_FLIGHT_DIR")
+    if directory:
+        return os.path.join(directory, f"hpcrep-flight-{job}-rank{rank}.json")
+    return os.path.join(os.getcwd(), f"hpcrep-flight-{job}", f"rank{rank}.json")
 
 
 def dump(rank: int, reason: str, in_flight: Optional[dict] = None) -> Optional[str]:
@@ -241,6 +246,7 @@ def dump(rank: int, reason: str, in_flight: Optional[dict] = None) -> Optional[s
               "written": time.time(), "in_flight": in_flight,
               "entries": [e.as_dict() for e in entries()]}
     try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(record, f, indent=1)

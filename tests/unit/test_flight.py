@@ -67,8 +67,24 @@ def test_dump_writes_the_ring_atomically_as_json(fresh):
     assert [p.name for p in fresh.iterdir()] == ["hpcrep-flight-77-rank3.json"]  # no temp left
 
 
+def test_without_a_flight_dir_a_jobs_files_go_to_one_directory_of_its_own(fresh, monkeypatch,
+                                                                          tmp_path):
+    """Every abort used to leave hpcrep-flight-*.json files beside the user's own in the working
+    directory; now they gather in hpcrep-flight-<job>/."""
+    monkeypatch.delenv("HPCREP_FLIGHT_DIR")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    issue("allreduce", ["g"], [np.zeros(2)])
+    paths = [flight.dump(r, "abort") for r in (0, 1)]
+    assert paths == [str(work / "hpcrep-flight-77" / f"rank{r}.json") for r in (0, 1)]
+    assert [p.name for p in work.iterdir()] == ["hpcrep-flight-77"]
+    assert json.loads(Path(paths[1]).read_text())["rank"] == 1
+
+
 def test_an_unwritable_directory_is_reported_not_raised(fresh, monkeypatch, capsys):
-    monkeypatch.setenv("HPCREP_FLIGHT_DIR", str(fresh / "missing" / "dir"))
+    (fresh / "a-file").write_text("")  # a directory cannot be made below it (even as root)
+    monkeypatch.setenv("HPCREP_FLIGHT_DIR", str(fresh / "a-file" / "dir"))
     issue("barrier")
     assert flight.dump(1, "job abort") is None
     assert "could not write the flight recorder" in capsys.readouterr().err
