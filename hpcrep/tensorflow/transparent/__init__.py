@@ -65,9 +65,9 @@ def installers() -> tuple[ModuleType, ...]:
     creation is unpatched last.
     """
     from hpcrep.tensorflow.transparent import (gradients, initial_values,  # noqa: PLC0415
-                                               iteration, rank_zero, training, xla)
+                                               iteration, preemption, rank_zero, training, xla)
 
-    return (initial_values, gradients, training, xla, iteration, rank_zero)
+    return (initial_values, gradients, training, xla, iteration, rank_zero, preemption)
 
 
 def summary(patches: PatchSet) -> str:
