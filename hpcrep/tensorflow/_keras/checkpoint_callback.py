@@ -287,7 +287,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.epoch_logs = {e: logs for e, logs in _read_logs(self.restored).items()
                            if e < self.restored.epoch}
         self._steps = self._last_saved = self.restored.step
-        if comm.rank() == 0:
+        if _rank() == 0:
             log.warning("resumed from %s (epoch %d, step %d)", self.restored.path,
                         self.restored.epoch, self.restored.step)
         return self.restored.epoch
@@ -357,7 +357,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def finished(self, model: Any, epochs: int) -> keras.callbacks.History:
         """Say on rank 0's stderr that the restored checkpoint has done all ``epochs``, and
         return the History of its logged epochs (:meth:`history`). Local."""
-        if comm.rank() == 0:
+        if _rank() == 0:
             which = f"fit {self.fit_ordinal}" if self.fit_ordinal is not None else "fit"
             print(f"{which} already finished its {epochs} epochs in the checkpoint of "
                   f"{self.manager.directory}: nothing to train; delete it or set "
@@ -392,6 +392,11 @@ def _read_logs(ckpt: Checkpoint) -> dict[int, dict[str, float]]:
     except (ValueError, TypeError, AttributeError):
         log.warning("%s: its epoch logs are unreadable; the History starts empty", ckpt.path)
         return {}
+
+
+def _rank() -> int:
+    """This rank (0 when hpcrep runs without MPI, as a single process may)."""
+    return comm.rank() if comm.is_initialized() else 0
 
 
 def _iterations(optimizer: Any) -> int:
