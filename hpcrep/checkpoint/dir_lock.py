@@ -22,34 +22,32 @@ from hpcrep.errors import CheckpointLockedError
 
 LOCK_NAME = ".hpcrep-lock"
 
-# Directories this process's job holds: the lock's file descriptor on rank 0, -1 elsewhere.
+# Directories this process holds (rank 0): the lock's open file descriptor, kept until exit.
 _held: dict[str, int] = {}
 
 
 def hold(directory: str) -> None:
-    """Make this job the one job on ``directory`` (a no-op when it already is).
+    """Make this job the one job on ``directory`` (nothing to take when it already is).
 
     Rank 0 creates the directory if needed and takes the lock; its outcome is broadcast, so
-    every rank returns or every rank raises.
+    every rank returns or every rank raises. Only rank 0's ``directory`` counts (other ranks'
+    may differ: they touch no file).
 
-    Collective: every rank must call this, in the same order, with the same directory (only
-    rank 0's file system is touched).
+    Collective: every rank must call this, in the same order.
 
     Raises:
         CheckpointLockedError: another process holds the directory (on every rank).
     """
     directory = os.path.abspath(directory)
-    if directory in _held:
-        return
     error: Optional[str] = None
-    fd = -1
-    if _rank() == 0:
+    if _rank() == 0 and directory not in _held:
         fd, error = _take(directory)
-    if comm.is_initialized() and comm.size() > 1:
+        if error is None:
+            _held[directory] = fd
+    if comm.is_initialized() and comm.size() > 1:  # always: ranks need not agree on directory
         error = comm.broadcast_object(error, 0)
     if error is not None:
         raise CheckpointLockedError(error if _rank() == 0 else f"rank 0: {error}")
-    _held[directory] = fd
 
 
 def holder(directory: str) -> str:
