@@ -8,7 +8,6 @@ variables, RNG state of Python, numpy and TensorFlow's global generator) as nump
 
 from __future__ import annotations
 
-import json
 import logging
 import signal as _signal
 import sys
@@ -23,7 +22,7 @@ from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, 
                                requeue, set_host_rng_state, slurm_job_id)
 from hpcrep.errors import CheckpointError
 from hpcrep.tensorflow import sharded_variables, zero
-from hpcrep.tensorflow._keras import lr_scale
+from hpcrep.tensorflow._keras import epoch_logs, lr_scale
 from hpcrep.tensorflow._keras.fit_key import fit_key
 from hpcrep.tensorflow.optimizer import accumulation_variables
 from hpcrep.tensorflow.powersgd import rank_local_variables
@@ -284,8 +283,7 @@ class CheckpointCallback(keras.callbacks.Callback):
         if self.restored is None:
             return 0
         load_training_state(self.restored, model, getattr(model, "optimizer", None))
-        self.epoch_logs = {e: logs for e, logs in _read_logs(self.restored).items()
-                           if e < self.restored.epoch}
+        self.epoch_logs = epoch_logs.read(self.restored)
         self._steps = self._last_saved = self.restored.step
         if _rank() == 0:
             log.warning("resumed from %s (epoch %d, step %d)", self.restored.path,
@@ -301,9 +299,9 @@ class CheckpointCallback(keras.callbacks.Callback):
         step = max(self._steps, iterations, self._last_saved + 1)
         if self.key is not None:
             metadata["fit_key"] = self.key
-        logs = {str(e): v for e, v in sorted(self.epoch_logs.items()) if e < epoch}
         path = self.manager.save(training_state(self.model, optimizer), step=step, epoch=epoch,
-                                 iterations=iterations, epoch_logs=json.dumps(logs), **metadata)
+                                 iterations=iterations,
+                                 epoch_logs=epoch_logs.dumps(self.epoch_logs, epoch), **metadata)
         self._last_saved = step
         return path
 
@@ -333,7 +331,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if self.preempted:
             return
-        self.epoch_logs[epoch] = _plain_logs(logs)
+        self.epoch_logs[epoch] = epoch_logs.plain(logs)
         if self.save_every_epochs and (epoch + 1) % self.save_every_epochs == 0:
             self.save(epoch + 1)
 
@@ -345,14 +343,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def history(self, model: Any, epochs: int) -> keras.callbacks.History:
         """Return a Keras History of the logged epochs before ``epochs`` (restored or run), and
         make it ``model.history``. Local."""
-        history = keras.callbacks.History()
-        history.set_model(model)
-        history.epoch = [e for e in sorted(self.epoch_logs) if e < epochs]
-        for e in history.epoch:
-            for name, value in self.epoch_logs[e].items():
-                history.history.setdefault(name, []).append(value)
-        model.history = history
-        return history
+        return epoch_logs.history(model, self.epoch_logs, epochs)
 
     def finished(self, model: Any, epochs: int) -> keras.callbacks.History:
         """Say on rank 0's stderr that the restored checkpoint has done all ``epochs``, and
@@ -371,27 +362,6 @@ class CheckpointCallback(keras.callbacks.Callback):
         self.key = fit_key(self.fit_ordinal, model, getattr(model, "optimizer", None))
         self.manager = CheckpointManager(self.manager.directory, self.manager.keep,
                                          prefix=f"{self.manager.prefix}-{self.key}")
-
-
-def _plain_logs(logs: Optional[dict]) -> dict[str, float]:
-    """An epoch's logs as plain floats (what JSON holds); values that are not numbers dropped."""
-    plain = {}
-    for name, value in (logs or {}).items():
-        try:
-            plain[str(name)] = float(np.asarray(value))
-        except (TypeError, ValueError):
-            continue
-    return plain
-
-
-def _read_logs(ckpt: Checkpoint) -> dict[int, dict[str, float]]:
-    """The epoch logs a checkpoint holds (none for one saved without them)."""
-    try:
-        saved = json.loads(str(ckpt.attrs.get("epoch_logs", "{}")))
-        return {int(e): {str(k): float(v) for k, v in logs.items()} for e, logs in saved.items()}
-    except (ValueError, TypeError, AttributeError):
-        log.warning("%s: its epoch logs are unreadable; the History starts empty", ckpt.path)
-        return {}
 
 
 def _rank() -> int:
