@@ -356,8 +356,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "ShardedStateError. Must be the same on every rank.",
             same_on_all_ranks=True),
     Setting("HPCREP_CHECKPOINT_DIR", str, "",
-            "Directory of HDF5 checkpoints for transparent mode (CheckpointCallback): resume "
-            "from the newest good checkpoint there and save each epoch. Empty disables."),
+            "Directory of HDF5 checkpoints for transparent mode (CheckpointCallback): each fit "
+            "of the script resumes from its own newest good checkpoint there (keyed to the fit's "
+            "ordinal and the model) and saves each epoch. One job per directory (rank 0 holds "
+            "a lock on it). Empty disables."),
     Setting("HPCREP_PIN_GPU", _parse_bool, True,
             "Each rank sees only GPU local_rank % visible GPUs: hvd.init() and transparent mode "
             "set CUDA_VISIBLE_DEVICES (choosing among the entries it already holds, if set) "

@@ -81,6 +81,11 @@ class CheckpointCorruptError(CheckpointError):
     """A checkpoint file is truncated, unreadable, or fails its checksum."""
 
 
+class CheckpointLockedError(CheckpointError):
+    """Another job holds the checkpoint directory (one job per directory: two would delete each
+    other's temporary files and mix their checkpoints)."""
+
+
 class CheckpointFormatError(CheckpointError):
     """A checkpoint or commit file is in a format hpcrep no longer reads (the pickled elastic
     commits of earlier versions, ``elastic-state-<id>.pkl``: loading a pickle runs code)."""

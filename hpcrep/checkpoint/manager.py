@@ -5,7 +5,9 @@ rank 0 (atomically, see :mod:`hpcrep.checkpoint.h5file`) and deletes all but the
 :meth:`restore` has rank 0 try the newest file first and fall back, with a warning, to older
 ones when a file is truncated or fails its checksum; rank 0 then broadcasts what it read, and
 every rank verifies the checksum of what it received, so all ranks end up bitwise identical.
-The directory need only be visible to rank 0.
+The directory need only be visible to rank 0. One job per directory: the first save or restore
+takes the directory's lock (:mod:`hpcrep.checkpoint.dir_lock`), held until the job ends; a second
+job on it gets :class:`~hpcrep.errors.CheckpointLockedError` on every rank.
 
 State is a nested mapping whose leaves are numeric arrays; a list or tuple of arrays is stored
 as ``name/00000``, ``name/00001``... (read back with :meth:`Checkpoint.list`).
@@ -23,7 +25,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from hpcrep import comm
-from hpcrep.checkpoint import h5file
+from hpcrep.checkpoint import dir_lock, h5file
 from hpcrep.errors import CheckpointCorruptError, CheckpointError
 
 log = logging.getLogger("hpcrep.checkpoint")
@@ -119,7 +121,8 @@ class CheckpointManager:
         :meth:`restore` in ``Checkpoint.attrs``.
 
         Collective: every rank must call this, in the same order. A failure on rank 0 raises
-        :class:`CheckpointError` on every rank.
+        :class:`CheckpointError` on every rank; another job holding the directory,
+        :class:`~hpcrep.errors.CheckpointLockedError`.
 
         Returns:
             The path of the new checkpoint.
@@ -127,6 +130,7 @@ class CheckpointManager:
         if int(step) < 0:
             raise CheckpointError(f"step must be >= 0; got {step}")
         path = self.path_for(int(step))
+        dir_lock.hold(self.directory)
         error = ""
         if _rank() == 0:
             try:
@@ -153,7 +157,9 @@ class CheckpointManager:
 
         Raises:
             CheckpointCorruptError: checkpoint files exist but none of them is readable.
+            CheckpointLockedError: another job holds the directory.
         """
+        dir_lock.hold(self.directory)
         header: Any = None
         arrays: dict[str, np.ndarray] = {}
         if _rank() == 0:

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from hpcrep.checkpoint import (CheckpointFallbackWarning, CheckpointManager, host_rng_state,
-                               read_verified, set_host_rng_state)
+from hpcrep.checkpoint import (CheckpointFallbackWarning, CheckpointManager, flatten,
+                               host_rng_state, read_verified, set_host_rng_state, write_atomic)
 from hpcrep.errors import CheckpointCorruptError, CheckpointError
 
 
@@ -113,7 +113,8 @@ def test_all_corrupt_raises(tmp_path):
 def test_crash_mid_write_leaves_last_good(tmp_path):
     """SIGKILL a process while it writes a large checkpoint: the previous one still restores."""
     mgr = CheckpointManager(str(tmp_path), keep=3)
-    mgr.save(state(1), step=1)
+    # What an earlier job left (written without taking the directory: the writer is another job)
+    write_atomic(mgr.path_for(1), flatten(state(1)), {"step": 1, "epoch": 0})
     script = textwrap.dedent(f"""
         import numpy as np
         from hpcrep.checkpoint import CheckpointManager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal as _signal
+import sys
 from typing import Any, Optional
 
 import keras
@@ -21,7 +22,8 @@ from hpcrep.checkpoint import (Checkpoint, CheckpointManager, PreemptionSignal, 
                                requeue, set_host_rng_state, slurm_job_id)
 from hpcrep.errors import CheckpointError
 from hpcrep.tensorflow import sharded_variables, zero
-from hpcrep.tensorflow._keras import lr_scale
+from hpcrep.tensorflow._keras import epoch_logs, lr_scale
+from hpcrep.tensorflow._keras.fit_key import fit_key
 from hpcrep.tensorflow.optimizer import accumulation_variables
 from hpcrep.tensorflow.powersgd import rank_local_variables
 
@@ -237,14 +239,25 @@ class CheckpointCallback(keras.callbacks.Callback):
         signum: the pre-timeout signal to watch (default SIGUSR1; None to watch none).
         requeue_on_signal: after the signal's checkpoint, ``scontrol requeue`` the job when
             running under Slurm.
+        fit_ordinal: key the files to this ``fit`` of the script (the N-th, 1 for the first) and
+            its model (:mod:`hpcrep.tensorflow._keras.fit_key`): they are named
+            ``ckpt-fit<N>-<fingerprint>-<steps>.h5`` and only those are restored; other files in
+            the directory are left alone. None (default): ``ckpt-<steps>.h5``.
+
+    Every save also stores the averaged logs of the epochs done so far (``epoch_logs``, JSON), so
+    that a rerun of a finished ``fit`` can return its History (:meth:`history`).
 
     Every hook is collective: every rank must run ``fit`` with this callback.
     """
 
     def __init__(self, directory: str, keep: Optional[int] = None, save_every_epochs: int = 1,
-                 signum: Optional[int] = _signal.SIGUSR1, requeue_on_signal: bool = True) -> None:
+                 signum: Optional[int] = _signal.SIGUSR1, requeue_on_signal: bool = True,
+                 fit_ordinal: Optional[int] = None) -> None:
         super().__init__()
         self.manager = CheckpointManager(directory, keep or config.get("HPCREP_CHECKPOINT_KEEP"))
+        self.fit_ordinal = fit_ordinal
+        self.key: Optional[str] = None  # fit<N>-<fingerprint>, once the model is known
+        self.epoch_logs: dict[int, dict[str, float]] = {}  # epoch -> its averaged logs
         self.save_every_epochs = int(save_every_epochs)
         self.signum = signum
         self.requeue_on_signal = requeue_on_signal
@@ -265,12 +278,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         """
         model = model if model is not None else self.model
         self._did_restore = True
+        self._bind_key(model)
         self.restored = self.manager.restore()
         if self.restored is None:
             return 0
         load_training_state(self.restored, model, getattr(model, "optimizer", None))
+        self.epoch_logs = epoch_logs.read(self.restored)
         self._steps = self._last_saved = self.restored.step
-        if comm.rank() == 0:
+        if _rank() == 0:
             log.warning("resumed from %s (epoch %d, step %d)", self.restored.path,
                         self.restored.epoch, self.restored.step)
         return self.restored.epoch
@@ -279,10 +294,14 @@ class CheckpointCallback(keras.callbacks.Callback):
         """Save the model's state now as having completed ``epoch`` epochs, under a name larger
         than any this callback saved or restored before. Collective."""
         optimizer = getattr(self.model, "optimizer", None)
+        self._bind_key(self.model)
         iterations = _iterations(optimizer)
         step = max(self._steps, iterations, self._last_saved + 1)
+        if self.key is not None:
+            metadata["fit_key"] = self.key
         path = self.manager.save(training_state(self.model, optimizer), step=step, epoch=epoch,
-                                 iterations=iterations, **metadata)
+                                 iterations=iterations,
+                                 epoch_logs=epoch_logs.dumps(self.epoch_logs, epoch), **metadata)
         self._last_saved = step
         return path
 
@@ -312,6 +331,7 @@ class CheckpointCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         if self.preempted:
             return
+        self.epoch_logs[epoch] = epoch_logs.plain(logs)
         if self.save_every_epochs and (epoch + 1) % self.save_every_epochs == 0:
             self.save(epoch + 1)
 
@@ -320,17 +340,47 @@ class CheckpointCallback(keras.callbacks.Callback):
             self._signal.close()
             self._signal = None
 
+    def history(self, model: Any, epochs: int) -> keras.callbacks.History:
+        """Return a Keras History of the logged epochs before ``epochs`` (restored or run), and
+        make it ``model.history``. Local."""
+        return epoch_logs.history(model, self.epoch_logs, epochs)
+
+    def finished(self, model: Any, epochs: int) -> keras.callbacks.History:
+        """Say on rank 0's stderr that the restored checkpoint has done all ``epochs``, and
+        return the History of its logged epochs (:meth:`history`). Local."""
+        if _rank() == 0:
+            which = f"fit {self.fit_ordinal}" if self.fit_ordinal is not None else "fit"
+            print(f"{which} already finished its {epochs} epochs in the checkpoint of "
+                  f"{self.manager.directory}: nothing to train; delete it or set "
+                  "HPCREP_CHECKPOINT_DIR elsewhere to train again", file=sys.stderr, flush=True)
+        return self.history(model, epochs)
+
+    def _bind_key(self, model: Any) -> None:
+        """Key the files to this fit and ``model``, once (files of other keys are not seen)."""
+        if self.fit_ordinal is None or self.key is not None:
+            return
+        self.key = fit_key(self.fit_ordinal, model, getattr(model, "optimizer", None))
+        self.manager = CheckpointManager(self.manager.directory, self.manager.keep,
+                                         prefix=f"{self.manager.prefix}-{self.key}")
+
+
+def _rank() -> int:
+    """This rank (0 when hpcrep runs without MPI, as a single process may)."""
+    return comm.rank() if comm.is_initialized() else 0
+
 
 def _iterations(optimizer: Any) -> int:
     """The optimizer's applied steps (a LossScaleOptimizer's: its inner one's), 0 without one."""
     return int(optimizer.iterations.numpy()) if optimizer is not None else 0
 
 
-def callback_from_settings() -> Optional[CheckpointCallback]:
-    """Return a :class:`CheckpointCallback` on ``HPCREP_CHECKPOINT_DIR``, or None if it is unset.
+def callback_from_settings(fit_ordinal: int) -> Optional[CheckpointCallback]:
+    """Return a :class:`CheckpointCallback` on ``HPCREP_CHECKPOINT_DIR`` keyed to the script's
+    ``fit_ordinal``-th ``fit``, or None if the setting is unset.
 
-    Transparent mode adds it to every ``fit``, so an unchanged script saves each epoch and
-    resumes from the newest good checkpoint when rerun. Local (constructing talks to no one).
+    Transparent mode adds it to every ``fit``, so an unchanged script saves each epoch and every
+    ``fit`` resumes from its own newest good checkpoint when rerun. Local (constructing talks to
+    no one).
     """
     directory = config.get("HPCREP_CHECKPOINT_DIR")
-    return CheckpointCallback(directory) if directory else None
+    return CheckpointCallback(directory, fit_ordinal=fit_ordinal) if directory else None

@@ -12,8 +12,10 @@ empty (:mod:`.predict_share`). ``fit`` refuses training input with fewer rows th
 rank's shard already (``auto_shard_policy`` OFF, as ``hpcrep.tensorflow.hdf5_dataset`` returns) is
 used whole: ``fit`` and ``evaluate`` check that every rank has as many batches, ``predict`` returns
 this rank's predictions only (:mod:`.sharding`). With ``HPCREP_CHECKPOINT_DIR``
-set, ``fit`` resumes from the newest good checkpoint there and saves every epoch. (``compile``
-is :mod:`.xla`'s.)
+set, each ``fit`` of the script resumes from its own newest good checkpoint there (keyed to the
+call's ordinal and the model: :mod:`hpcrep.tensorflow._keras.fit_key`) and saves every epoch; a
+``fit`` whose checkpoint has done all its epochs trains nothing, says so, and returns the saved
+History. (``compile`` is :mod:`.xla`'s.)
 
 Each patched call runs inside :func:`.state.keras_loop`; calls that Keras makes from there
 (``fit`` runs ``evaluate`` for validation) pass straight through.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 from typing import Any, Optional
 
@@ -135,6 +138,7 @@ def install(patches: PatchSet) -> None:
     original_fit = vars(fit_owner)["fit"]
     original_evaluate = vars(defining_class(keras.Model, "evaluate"))["evaluate"]
     original_predict = vars(defining_class(keras.Model, "predict"))["predict"]
+    fits = itertools.count(1)  # the script's top-level fit calls, in order (same on every rank)
 
     @functools.wraps(original_fit)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -143,11 +147,13 @@ def install(patches: PatchSet) -> None:
         bound = bind(original_fit, self, args, kwargs)
         a = bound.arguments
         given = {k: a[k] for k in ("x", "y", "sample_weight", "validation_data", "callbacks")}
-        checkpoint = callback_from_settings()
+        checkpoint = callback_from_settings(next(fits))
         if checkpoint is not None and self.built:
             # Restoring before fit lets fit skip the epochs already done; an unbuilt model is
             # restored by the callback at train begin (weights only, epochs counted afresh).
             a["initial_epoch"] = max(a["initial_epoch"], checkpoint.restore(self))
+            if checkpoint.restored is not None and checkpoint.restored.epoch >= a["epochs"]:
+                return checkpoint.finished(self, a["epochs"])  # the same on every rank
         if getattr(self, "optimizer", None) is not None:
             watch_model(self.optimizer, self)  # the canary reports its non-trainable state too
 
