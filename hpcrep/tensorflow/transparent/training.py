@@ -4,8 +4,9 @@
 (:mod:`.sharding`); progress bar only on rank 0; the callback list becomes
 :func:`distributed_callbacks`: rank 0's weights and optimizer state broadcast at the start, epoch
 logs averaged across ranks before any user callback reads them, file-writing callbacks kept on
-rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks; an input
-with fewer rows (or batches) than ranks is evaluated whole on every rank. ``predict`` shards
+rank 0 only. ``evaluate`` (and ``fit``'s validation) shares its input among the ranks, every
+row once, uneven shares allowed, and sums the ranks' metric states before computing the result
+(:mod:`.metric_states`): every rank gets the one-process result. ``predict`` shards
 and returns the full predictions, in input order, on every rank, also when some rank's share is
 empty (:mod:`.predict_share`). ``fit`` refuses training input with fewer rows than ranks
 (:class:`~hpcrep.errors.TransparentModeError` on every rank). A ``tf.data`` dataset marked as this
@@ -15,8 +16,8 @@ this rank's predictions only (:mod:`.sharding`). With ``HPCREP_CHECKPOINT_DIR``
 set, ``fit`` resumes from the newest good checkpoint there and saves every epoch. (``compile``
 is :mod:`.xla`'s.)
 
-Each patched call runs inside :func:`.state.keras_loop`; calls that Keras makes from there
-(``fit`` runs ``evaluate`` for validation) pass straight through.
+Each patched call runs inside :func:`.state.keras_loop`; calls that Keras makes from there pass
+straight through, except ``fit``'s validation ``evaluate``, whose metric states are summed.
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ from keras.src.trainers.data_adapters.array_slicing import train_validation_spli
 from hpcrep import comm
 from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
 from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback,
-                                                MetricAverageCallback, TimelineCallback,
-                                                average_logs)
+                                                MetricAverageCallback, TimelineCallback)
 from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.replica_check import watch_model
-from hpcrep.tensorflow.transparent import elastic_fit, sharding
+from hpcrep.tensorflow.transparent import elastic_fit, metric_states, sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
-from hpcrep.tensorflow.transparent.predict_share import drop, shard_for_predict
-from hpcrep.tensorflow.transparent.state import in_keras_loop, keras_loop
+from hpcrep.tensorflow.transparent.metric_states import combining
+from hpcrep.tensorflow.transparent.predict_share import PredictShare, drop, shard_for_predict
+from hpcrep.tensorflow.transparent.state import (in_keras_loop, keras_loop, validating,
+                                                  validation_share)
 
 # Callbacks that write files or summaries: they run on rank 0 only. (Keras's BackupAndRestore is
 # not among them: fit replaces it by hpcrep's, which runs on every rank.)
@@ -80,25 +82,21 @@ def _quiet_off_root(arguments: dict) -> None:
         arguments["verbose"] = 0
 
 
-def _shard_validation(data: Any, rank: int, size: int) -> Any:
+def _evaluation_share(data: Any, rank: int, size: int) -> Optional[PredictShare]:
+    """This rank's share of ``fit``'s ``validation_data`` (every row once across the ranks)."""
     if data is None:
         return None
     if isinstance(data, (tuple, list)) and sharding.kind_of(data[0]) == "arrays":
-        parts = list(data)
-        x, rest, _ = sharding.shard_input(parts[0], parts[1:], rank, size, equal=True,
-                                          whole_if_short=True)
-        return (x, *rest)
-    return sharding.shard_input(data, [], rank, size, equal=True, whole_if_short=True)[0]
+        return shard_for_predict(data[0], rank, size, list(data[1:]))
+    if sharding.kind_of(data) == "presharded":
+        return PredictShare(sharding.check_presharded(data, equal=True), "presharded")
+    return shard_for_predict(data, rank, size)
 
 
-def _average_result(result: Any) -> Any:
-    """Average ``evaluate``'s return value (a number, a list or a dict). Collective."""
-    if isinstance(result, dict):
-        average_logs(result)
-        return result
-    values = np.atleast_1d(np.asarray(result, dtype=np.float64))
-    averaged = comm.allreduce(values, comm.Average, name="evaluate") if comm.size() > 1 else values
-    return [float(v) for v in averaged] if isinstance(result, (list, tuple)) else float(averaged[0])
+def _validation_input(share: Optional[PredictShare]) -> Any:
+    if share is None:
+        return None
+    return (share.x, *share.others) if share.kind == "arrays" else share.x
 
 
 class _BatchSizes(keras.callbacks.Callback):
@@ -150,6 +148,8 @@ def install(patches: PatchSet) -> None:
                         arrays, arrays=(given["x"], given["y"], given["sample_weight"]))
                 a["validation_split"] = 0.0
 
+        validation: list[Optional[PredictShare]] = [None]  # this attempt's share, for evaluate
+
         def attempt(initial_epoch: int, extra: list, data: Any = None,
                     epochs: Optional[int] = None) -> Any:
             """One ``fit`` over the input sharded by the job's rank and size now, or over
@@ -164,12 +164,13 @@ def install(patches: PatchSet) -> None:
                                               or data.order.batch_size)  # as Keras defaults it
                 a["batch_size"], a["shuffle"] = None, False
                 a["steps_per_epoch"] = data.num_batches
-            a["validation_data"] = _shard_validation(given["validation_data"], r, n)
+            validation[0] = _evaluation_share(given["validation_data"], r, n)
+            a["validation_data"] = _validation_input(validation[0])
             a["callbacks"] = distributed_callbacks(given["callbacks"], checkpoint) + extra
             a["initial_epoch"] = initial_epoch
             a["epochs"] = total_epochs if epochs is None else epochs
             _quiet_off_root(a)
-            with keras_loop():
+            with keras_loop(), validating(validation[0]):
                 return original_fit(*bound.args, **bound.kwargs)
 
         if elastic:
@@ -180,19 +181,28 @@ def install(patches: PatchSet) -> None:
     @functools.wraps(original_evaluate)
     def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         if in_keras_loop():
-            return original_evaluate(self, *args, **kwargs)
+            share = validation_share() if kwargs.get("_use_cached_eval_dataset") else None
+            if share is None:  # not fit's validation: Keras's own call, as it is
+                return original_evaluate(self, *args, **kwargs)
+            with combining(lambda: share.stand_in):
+                return original_evaluate(self, *args, **kwargs)
         bound = bind(original_evaluate, self, args, kwargs)
         a = bound.arguments
         rank, size = comm.rank(), comm.size()
-        a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
-            a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True, whole_if_short=True)
+        if sharding.kind_of(a["x"]) == "presharded":
+            share = PredictShare(sharding.check_presharded(a["x"], equal=True), "presharded",
+                                 others=[a["y"], a["sample_weight"]])
+        else:
+            share = shard_for_predict(a["x"], rank, size, [a["y"], a["sample_weight"]])
+        a["x"] = share.x
+        if share.kind == "arrays":
+            a["y"], a["sample_weight"] = share.others
         if comm.rank() != 0 and isinstance(a["callbacks"], (list, tuple)):
             a["callbacks"] = [cb for cb in a["callbacks"]
                               if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
         _quiet_off_root(a)
-        with keras_loop():
-            result = original_evaluate(*bound.args, **bound.kwargs)
-        return _average_result(result) if size > 1 else result
+        with keras_loop(), combining(lambda: share.stand_in):
+            return original_evaluate(*bound.args, **bound.kwargs)
 
     @functools.wraps(original_predict)
     def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -217,10 +227,12 @@ def install(patches: PatchSet) -> None:
         return sharding.gather_predictions(outputs,
                                            None if share.kind == "arrays" else sizes.sizes)
 
+    metric_states.install(patches)
     patches.attr(fit_owner, "fit", fit)
     patches.attr(defining_class(keras.Model, "evaluate"), "evaluate", evaluate)
     patches.attr(defining_class(keras.Model, "predict"), "predict", predict)
-    patches.label("fit/evaluate/predict (inputs sharded, equal steps)")
-    patches.label("epoch logs (averaged), callbacks writing files (rank 0 only)")
+    patches.label("fit/evaluate/predict (inputs sharded; fit: equal steps)")
+    patches.label("evaluate and validation metrics (states summed across ranks), "
+                  "epoch logs (averaged), callbacks writing files (rank 0 only)")
     if elastic_fit.requested():
         patches.label(elastic_fit.describe())
