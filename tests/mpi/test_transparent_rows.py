@@ -1,8 +1,10 @@
 """Transparent mode on inputs whose rows, batches or items do not divide among the ranks:
-``evaluate`` (and ``fit``'s validation) gives what one process gives on the whole input.
+``evaluate`` (and ``fit``'s validation) gives what one process gives on the whole input, and
+``fit`` trains every row of arrays exactly once per epoch; datasets, generators and
+``PyDataset``s leave out what does not share out, and rank 0 warns with the count.
 
 Table-driven over input kinds, at whatever number of ranks the suite runs (tests/mpi runs at 4
-and 1). Each case builds the same
+and 1; tests/launch/test_transparent_rows.py runs this file at 2 and 3). Each case builds the same
 tiny model on every rank (rank 0's initial values) and compares with Keras's own loop on the whole
 input in the same process (the one-process reference: :func:`one_process`). Each row's target
 carries the row's id in its last column; the ``rows`` metric records, in Python, which ids every
@@ -10,6 +12,9 @@ training batch held with a non-zero weight.
 """
 
 from __future__ import annotations
+
+import collections
+import warnings
 
 import keras
 import numpy as np
@@ -164,3 +169,44 @@ def test_fit_validation_metrics_equal_one_process(world):
     for key in want:
         np.testing.assert_allclose(history.history[f"val_{key}"][0], want[key], rtol=2e-6,
                                    err_msg=key)
+
+
+def trained(fit):
+    """Run ``fit()`` and return (how often each row id trained with a non-zero weight, on all
+    ranks together; the texts of the warnings hpcrep gave on this rank)."""
+    SEEN["train"].clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit()
+    seen = collections.Counter(i for ids in hc.allgather_object(list(SEEN["train"])) for i in ids)
+    return seen, [str(c.message) for c in caught if "hpcrep transparent mode" in str(c.message)]
+
+
+def left_out(kind, n, size):
+    """The row ids a kind of input leaves out of an epoch: none for arrays; the last ``batches
+    % size`` batches of batched input."""
+    if kind.endswith("arrays") or kind == "arrays_weighted":
+        return set()
+    batches = -(-n // BATCH)
+    return set(range((batches - batches % size) * BATCH, n))
+
+
+@pytest.mark.parametrize("rows", ["23", "4n+1"])  # 4n+1: ranks short of a step get padded
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_fit_trains_each_row_once_per_epoch_or_warns(world, kind, rows):
+    rank, size = world
+    n = ROWS if rows == "23" else BATCH * size + 1
+    build, dict_inputs = KINDS[kind]
+    x, y, w = data(n)
+    with transparent(announce=False):
+        m = model(dict_inputs)
+        seen, warned = trained(lambda: m.fit(**build(x, y, w), epochs=1, verbose=0,
+                                             callbacks=[Phase()]))
+    missing = left_out(kind, n, size)
+    assert set(seen) == set(range(n)) - missing, (sorted(seen), sorted(missing))
+    assert set(seen.values()) == {1}, seen
+    if rank == 0 and missing:
+        assert len(warned) == 1 and f"({len(missing)} rows)" in warned[0], warned
+    else:
+        assert warned == [], warned
+

@@ -36,7 +36,7 @@ from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback
                                                 MetricAverageCallback, TimelineCallback)
 from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow.replica_check import watch_model
-from hpcrep.tensorflow.transparent import elastic_fit, metric_states, sharding
+from hpcrep.tensorflow.transparent import elastic_fit, even_steps, metric_states, sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
 from hpcrep.tensorflow.transparent.metric_states import combining
 from hpcrep.tensorflow.transparent.predict_share import PredictShare, drop, shard_for_predict
@@ -156,8 +156,12 @@ def install(patches: PatchSet) -> None:
             ``data`` (this rank's rows, ordered by :mod:`.elastic_fit`), to ``epochs``."""
             r, n = comm.rank(), comm.size()
             if data is None:
-                a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
+                a["x"], (a["y"], a["sample_weight"]), kind = sharding.shard_input(
                     given["x"], [given["y"], given["sample_weight"]], r, n, equal=True)
+                if kind == "arrays" and n > 1:
+                    a["x"], a["y"], a["sample_weight"] = even_steps.equal_steps(
+                        a["x"], a["y"], a["sample_weight"], sharding.count_rows(given["x"]), r,
+                        n, a["batch_size"] or 32, can_weight=a["class_weight"] is None)
             else:
                 a["x"], a["y"], a["sample_weight"] = data.dataset, None, None
                 a["validation_batch_size"] = (a["validation_batch_size"]
