@@ -1,7 +1,8 @@
 """Transparent mode on inputs whose rows, batches or items do not divide among the ranks:
 ``evaluate`` (and ``fit``'s validation) gives what one process gives on the whole input, and
-``fit`` trains every row of arrays exactly once per epoch; datasets, generators and
-``PyDataset``s leave out what does not share out, and rank 0 warns with the count.
+``fit`` trains every row of arrays exactly once per epoch (``validation_split`` taken from the
+whole input); datasets, generators and ``PyDataset``s leave out what does not share out, and
+rank 0 warns with the count.
 
 Table-driven over input kinds, at whatever number of ranks the suite runs (tests/mpi runs at 4
 and 1; tests/launch/test_transparent_rows.py runs this file at 2 and 3). Each case builds the same
@@ -210,3 +211,22 @@ def test_fit_trains_each_row_once_per_epoch_or_warns(world, kind, rows):
     else:
         assert warned == [], warned
 
+
+def test_validation_split_is_the_last_rows_of_the_whole_input(world):
+    x, y, w = data()
+    with transparent(announce=False):
+        m = model()
+        history = {}
+
+        def fit():
+            history["h"] = m.fit(x, y, sample_weight=w, batch_size=BATCH, epochs=1, verbose=0,
+                                 validation_split=0.2, callbacks=[Phase()])
+
+        seen, warned = trained(fit)
+        want = one_process(lambda: m.evaluate(x[18:], y[18:], sample_weight=w[18:],
+                                              batch_size=BATCH, verbose=0, return_dict=True))
+    assert sorted(seen) == list(range(18)) and set(seen.values()) == {1}, seen  # as Keras: 18.4
+    assert warned == []
+    for key in want:
+        np.testing.assert_allclose(history["h"].history[f"val_{key}"][0], want[key], rtol=2e-6,
+                                   err_msg=key)

@@ -22,7 +22,6 @@ straight through, except ``fit``'s validation ``evaluate``, whose metric states 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Optional
 
@@ -135,18 +134,16 @@ def install(patches: PatchSet) -> None:
             watch_model(self.optimizer, self)  # the canary reports its non-trainable state too
 
         elastic, arrays, total_epochs = elastic_fit.requested(), None, a["epochs"]
+        if a["validation_split"] and sharding.kind_of(given["x"]) == "arrays":
+            if given["validation_data"] is None:  # as Keras would: the last rows of the whole
+                # input, unshuffled (not of each rank's share), before the rest is sharded
+                (given["x"], given["y"], given["sample_weight"]), \
+                    given["validation_data"] = train_validation_split(
+                        (given["x"], given["y"], given["sample_weight"]), a["validation_split"])
+            a["validation_split"] = 0.0
         if elastic:
             arrays = elastic_fit.arrays_to_order(given["x"], given["y"], given["sample_weight"],
                                                  a)
-            if arrays is not None and a["validation_split"]:
-                if given["validation_data"] is None:  # as Keras would: the last rows, unshuffled
-                    (given["x"], given["y"], given["sample_weight"]), \
-                        given["validation_data"] = train_validation_split(
-                            (given["x"], given["y"], given["sample_weight"]),
-                            a["validation_split"])
-                    arrays = dataclasses.replace(
-                        arrays, arrays=(given["x"], given["y"], given["sample_weight"]))
-                a["validation_split"] = 0.0
 
         validation: list[Optional[PredictShare]] = [None]  # this attempt's share, for evaluate
 
