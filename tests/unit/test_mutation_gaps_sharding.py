@@ -42,7 +42,7 @@ def test_arrays_shard_x_and_the_others_row_by_row():
     got_x, (got_y,), _ = sharding.shard_input(x, [y], 0, 2, equal=False)
     assert got_y.tolist() == [0, 2, 4]  # unequal: rank 0 keeps the odd row out
     got_x, (got_y,), _ = sharding.shard_input(x, [y], 0, 2, equal=True)
-    assert got_y.tolist() == [0, 2]
+    assert got_y.tolist() == [0, 2, 4]  # training keeps it too (equal_steps evens the steps)
 
 
 def test_datasets_generators_and_pydatasets_get_their_own_sharding():
@@ -71,7 +71,7 @@ def test_a_dataset_too_short_for_the_ranks_is_refused_naming_the_counts():
         sharding.shard_dataset(tf.data.Dataset.range(3), 0, 4, equal=True)
     unknown = tf.data.Dataset.range(3).filter(lambda v: v < 9)
     with pytest.raises(TransparentModeError, match="the dataset has too few elements for 4"):
-        sharding.shard_dataset(unknown, 0, 4, equal=True, agree=lambda c: 0)
+        sharding.shard_dataset(unknown, 0, 4, equal=True, agree=lambda c: [0])
     endless = tf.data.Dataset.range(3).repeat()
     assert sharding.shard_dataset(endless, 1, 4, equal=True).cardinality() == (
         tf.data.INFINITE_CARDINALITY)

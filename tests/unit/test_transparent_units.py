@@ -11,15 +11,29 @@ import tensorflow as tf
 from hpcrep.errors import TransparentModeError
 from hpcrep.launch import run_command
 from hpcrep.tensorflow.presharded import is_presharded, mark_presharded
-from hpcrep.tensorflow.transparent import iteration, predict_share, sharding
+from hpcrep.tensorflow.transparent import even_steps, iteration, predict_share, sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet
 
 
-def test_arrays_are_shared_out_in_equal_disjoint_strides():
+def test_equal_steps_pads_a_short_rank_with_a_zero_weight_copy():
+    x, y = np.arange(9 * 2).reshape(9, 2), np.arange(9)  # 2 ranks, batches of 4: 5 and 4 rows
+    parts = [sharding.shard_arrays([x, y, None], r, 2, equal=True) for r in range(2)]
+    got = [even_steps.equal_steps(*p, 9, r, 2, 4) for r, p in enumerate(parts)]
+    assert got[0][1].tolist() == [0, 2, 4, 6, 8] and got[0][2].tolist() == [1] * 5
+    assert got[1][1].tolist() == [1, 3, 5, 7, 1] and got[1][2].tolist() == [1, 1, 1, 1, 0]
+    assert got[1][0].shape == (5, 2)
+    same = even_steps.equal_steps(*parts[1], 9, 1, 2, 3)  # 2 steps either way: unchanged
+    assert same[1].tolist() == [1, 3, 5, 7] and same[2] is None
+    with pytest.warns(UserWarning, match=r"1 row\(s\) of the 9 are left out"):
+        cut = even_steps.equal_steps(*parts[0], 9, 0, 2, 4, can_weight=False)
+    assert cut[1].tolist() == [0, 2, 4, 6] and cut[2] is None
+
+
+def test_arrays_are_shared_out_in_disjoint_strides_every_row_once():
     x, y = np.arange(10 * 2).reshape(10, 2), np.arange(10)
     shards = [sharding.shard_arrays([x, y, None], r, 4, equal=True) for r in range(4)]
-    assert [list(s[1]) for s in shards] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert all(s[2] is None and s[0].shape == (2, 2) for s in shards)
+    assert [list(s[1]) for s in shards] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert all(s[2] is None and s[0].shape == (len(s[1]), 2) for s in shards)
     with pytest.raises(TransparentModeError, match="cannot be shared by 11 ranks"):
         sharding.shard_arrays([x], 0, 11, equal=True)
     with pytest.raises(TransparentModeError, match="different numbers of rows"):
@@ -33,7 +47,9 @@ def test_dataset_shards_have_equal_counts_even_of_unknown_length():
     assert got == [[0, 4], [1, 5], [2, 6], [3, 7]]
     unknown = ds.filter(lambda v: v < 9)  # 9 elements, cardinality unknown
     counts = []
-    shard = sharding.shard_dataset(unknown, 0, 4, equal=True, agree=lambda c: counts.append(c) or 2)
+    with pytest.warns(UserWarning, match=r"last 1 element\(s\) \(1 rows\) are left out"):
+        shard = sharding.shard_dataset(unknown, 0, 4, equal=True,
+                                       agree=lambda c: counts.append(c) or [3, 2, 2, 2])
     assert counts == [3] and list(shard.as_numpy_iterator()) == [0, 4]
 
 
@@ -200,11 +216,11 @@ def test_inputs_with_fewer_elements_than_ranks_raise_or_come_back_whole():
     ds = tf.data.Dataset.range(3)
     assert sharding.shard_dataset(ds, 3, 4, equal=True, whole_if_short=True) is ds
     unknown = ds.filter(lambda v: True)
-    assert sharding.shard_dataset(unknown, 3, 4, equal=True, agree=lambda c: 0,
+    assert sharding.shard_dataset(unknown, 3, 4, equal=True, agree=lambda c: [0],
                                   whole_if_short=True) is unknown
     empty = ds.filter(lambda v: False)  # nothing to fall back to: still an error
     with pytest.raises(TransparentModeError, match="for 4 ranks"):
-        sharding.shard_dataset(empty, 0, 4, equal=True, agree=lambda c: 0, whole_if_short=True)
+        sharding.shard_dataset(empty, 0, 4, equal=True, agree=lambda c: [0], whole_if_short=True)
     assert [list(sharding.shard_generator(iter(range(3)), r, 4, equal=True, whole_if_short=True))
             for r in range(4)] == [[0, 1, 2]] * 4
     with pytest.raises(TransparentModeError, match="yielded 3 item"):

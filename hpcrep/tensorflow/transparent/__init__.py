@@ -5,9 +5,10 @@
 
 - every variable starts with rank 0's value (:mod:`.initial_values`);
 - every Keras optimizer applies gradients averaged across ranks (:mod:`.gradients`);
-- ``fit``/``evaluate``/``predict`` shard their inputs by rank with equal step counts, average
-  logs and metrics, keep file-writing callbacks on rank 0, and run Keras's ``BackupAndRestore``
-  as hpcrep's on every rank (:mod:`.training`);
+- ``fit``/``evaluate``/``predict`` shard their inputs by rank (``fit`` with equal step counts),
+  average training logs, sum ``evaluate``'s metric states (:mod:`.metric_states`), keep
+  file-writing callbacks on rank 0, and run Keras's ``BackupAndRestore`` as hpcrep's on every
+  rank (:mod:`.training`);
 - XLA is off, in ``Model.compile`` and ``tf.function`` (:mod:`.xla`);
 - a ``tf.data`` dataset iterated in a Python loop yields this rank's share (:mod:`.iteration`);
 - a ``tf.data`` dataset that is this rank's shard already (tf.data's ``auto_shard_policy`` OFF,

@@ -10,7 +10,7 @@ an epoch otherwise, which still trains each of its rows once), or the rows in or
 ``fit`` was given ``shuffle=False``. An epoch resumed after row ``d``
 of that order trains rows ``d, d + 1, ...`` in global batches of ``size x batch_size`` rows,
 rank ``r`` taking the ``r``-th slice of each: ``m = (rows - d) // size`` rows per rank (at most
-``size - 1`` rows are dropped, as when Keras shards arrays by rank), the last batch of each
+``size - 1`` rows are dropped, which a fit that is not elastic keeps), the last batch of each
 rank ``m % batch_size`` rows. After ``k`` steps the epoch has trained its first
 ``d + size x min(k x batch_size, m)`` rows (:meth:`EpochOrder.rows_after`), on every rank alike.
 

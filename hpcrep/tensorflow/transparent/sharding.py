@@ -1,17 +1,19 @@
 """Split ``fit``/``evaluate``/``predict`` inputs by rank, and put predictions back in order.
 
-Training and evaluation inputs are cut so that every rank runs the same number of steps (a
-collective step count is what keeps the gradient exchanges paired): arrays keep ``len // size``
-rows per rank (rows ``rank, rank + size, ...``; at most ``size - 1`` rows are dropped);
-``tf.data`` datasets keep every ``size``-th element (a batch, for a batched dataset) and
+Training inputs are cut so that every rank runs the same number of steps (a collective step
+count is what keeps the gradient exchanges paired): arrays keep every row, rows ``rank, rank +
+size, ...`` (:func:`.even_steps.equal_steps` then evens out the step counts); ``tf.data``
+datasets keep every ``size``-th element (a batch, for a batched dataset) and
 ``cardinality // size`` of them; Python generators and ``PyDataset`` deal items round-robin in
-groups of ``size`` (an incomplete last group is dropped). Every rank still runs the generator in
-full, so it must produce the same sequence on every rank. The batch size stays per rank (weak
-scaling).
+groups of ``size`` (an incomplete last group is left out). What a dataset, generator or
+``PyDataset`` leaves out (at most ``size - 1`` batches an epoch) is counted in a warning on
+rank 0 (:func:`.even_steps.warn_left_out`), never silently. Every rank still runs the generator
+in full, so it must produce the same sequence on every rank. The batch size stays per rank (weak
+scaling). ``evaluate`` takes uneven shares (:mod:`.predict_share`).
 
 An input with fewer elements than ranks (but at least one) cannot be cut so: it raises
-:class:`~hpcrep.errors.TransparentModeError` on every rank, or (``whole_if_short``, for
-``evaluate``) is used whole on every rank.
+:class:`~hpcrep.errors.TransparentModeError` on every rank, or (``whole_if_short``) is used whole
+on every rank.
 
 Prediction inputs are cut the same way without dropping anything (:mod:`.predict_share`, which
 also covers ranks left with nothing); :func:`gather_predictions` reassembles the full result, in
@@ -29,8 +31,7 @@ waiting in a gradient exchange); ``predict`` returns this rank's predictions of 
 not gathered.
 
 Functions take ``rank`` and ``size`` so they can be tested in one process; only
-:func:`count_min` (for datasets of unknown length) and :func:`gather_counts` (for pre-sharded
-datasets) communicate.
+:func:`gather_counts` (for datasets of unknown length and pre-sharded datasets) communicates.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import tensorflow as tf
 from hpcrep import comm
 from hpcrep.errors import TransparentModeError
 from hpcrep.tensorflow.presharded import is_presharded
+from hpcrep.tensorflow.transparent.even_steps import dataset_rows, rows_in, warn_left_out
 
 Kind = str  # "none" | "arrays" | "dataset" | "presharded" | "pydataset" | "generator"
 
@@ -96,9 +98,10 @@ def count_rows(structure: Any) -> int:
 
 
 def shard_arrays(structures: Sequence[Any], rank: int, size: int, equal: bool) -> list[Any]:
-    """Return rows ``rank::size`` of each structure (``None`` entries stay ``None``).
+    """Return rows ``rank::size`` of each structure (``None`` entries stay ``None``): every row
+    once, ``n // size`` or one more per rank.
 
-    With ``equal`` every rank gets ``n // size`` rows (the last ``n % size`` rows are dropped).
+    With ``equal`` (training), an input of fewer rows than ranks raises.
     Local: every rank knows ``n``.
     """
     present = [s for s in structures if s is not None]
@@ -110,18 +113,12 @@ def shard_arrays(structures: Sequence[Any], rank: int, size: int, equal: bool) -
             f"x, y and sample_weight have different numbers of rows {sorted(n)}; expected equal "
             "counts. Pass arrays of equal length.")
     total = n.pop()
-    stop = total // size * size if equal else total
-    if equal and stop == 0:
+    if equal and total < size:
         raise TransparentModeError(
             f"{total} rows cannot be shared by {size} ranks (each needs at least one). Run on at "
             f"most {total} ranks or pass more data.")
-    return [None if s is None else tf.nest.map_structure(lambda a: a[rank:stop:size], s)
+    return [None if s is None else tf.nest.map_structure(lambda a: a[rank::size], s)
             for s in structures]
-
-
-def count_min(local: int) -> int:
-    """Return the smallest of the ranks' ``local`` counts. Collective."""
-    return int(comm.allreduce(np.array([local], np.int64), comm.Min, name="shard_count")[0])
 
 
 def gather_counts(local: int) -> list[int]:
@@ -173,12 +170,14 @@ def check_presharded(ds: tf.data.Dataset, equal: bool,
 
 
 def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
-                  agree: Callable[[int], int] = count_min,
+                  agree: Callable[[int], list[int]] = gather_counts,
                   whole_if_short: bool = False) -> tf.data.Dataset:
     """Return every ``size``-th element of ``ds`` from ``rank``, the same count on every rank.
 
     A dataset of unknown length is counted once (one pass over this rank's shard) and the ranks
-    agree on the smallest count (``agree``, collective). Infinite datasets are left infinite
+    take the smallest of their counts (``agree`` gathers them, collective). Elements left out
+    (at most ``size - 1``) are counted in a warning on rank 0, which reads them to count their
+    rows. Infinite datasets are left infinite
     (``steps_per_epoch`` then sets the steps, equal on every rank). A dataset with fewer
     elements than ranks (but at least one) raises, or with ``whole_if_short`` comes back whole,
     on every rank alike.
@@ -194,9 +193,10 @@ def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
     if cardinality == tf.data.INFINITE_CARDINALITY:
         return shard
     if cardinality == tf.data.UNKNOWN_CARDINALITY:
-        count = agree(int(shard.reduce(np.int64(0), lambda c, _: c + 1)))
+        counts = agree(int(shard.reduce(np.int64(0), lambda c, _: c + 1)))
+        count, left_out = min(counts), sum(counts) - min(counts) * len(counts)
     else:
-        count = cardinality // size
+        count, left_out = cardinality // size, cardinality % size
     if count == 0 and whole_if_short and (cardinality > 0 or (
             cardinality == tf.data.UNKNOWN_CARDINALITY and not is_empty(ds))):
         return ds
@@ -205,6 +205,9 @@ def shard_dataset(ds: tf.data.Dataset, rank: int, size: int, equal: bool,
             f"the dataset has {cardinality if cardinality >= 0 else 'too few'} elements for "
             f"{size} ranks; each rank needs at least one batch. Use a smaller batch size or "
             "fewer ranks.")
+    if left_out and rank == 0:
+        warn_left_out(f"the dataset's last {left_out} element(s) "
+                      f"({dataset_rows(ds.skip(count * size))} rows)", left_out, size)
     return shard.take(count)
 
 
@@ -238,6 +241,9 @@ def shard_generator(gen: Any, rank: int, size: int, equal: bool,
                 f"the generator yielded {len(group)} item(s) for {size} ranks; each rank needs at "
                 f"least one. Use smaller batches, more data or at most {len(group)} ranks.")
         first = False
+        if equal and 0 < len(group) < size and rank == 0:
+            warn_left_out(f"the generator's last {len(group)} item(s) ({rows_in(group)} rows)",
+                          len(group), size)
         if not group or (equal and len(group) < size):
             return
         if rank < len(group):
@@ -304,6 +310,11 @@ def shard_input(x: Any, others: Sequence[Any], rank: int, size: int, equal: bool
             raise TransparentModeError(
                 f"the PyDataset has {x.num_batches} batches for {size} ranks; each rank needs at "
                 "least one. Use smaller batches or fewer ranks.")
+        left_out = 0 if x.num_batches is None or not equal else x.num_batches % size
+        if left_out and rank == 0:
+            last = range(x.num_batches - left_out, x.num_batches)
+            warn_left_out(f"the PyDataset's last {left_out} batch(es) "
+                          f"({rows_in([x[i] for i in last])} rows)", left_out, size)
         return sharded, list(others), kind
     return shard_generator(x, rank, size, equal, whole_if_short), list(others), kind
 

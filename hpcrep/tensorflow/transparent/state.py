@@ -9,6 +9,9 @@ a ``tf.data`` worker, are not inside it):
 - :func:`local_only`: variables created here keep their local value (rank 0 saving or loading
   alone; the variable patch broadcasting the ``tf.Variable`` it wraps only once).
 
+Besides, :func:`validating` holds this rank's share of the running ``fit``'s ``validation_data``,
+for the ``evaluate`` that Keras runs at each epoch's end (:mod:`.training`).
+
 :mod:`.training` enters :func:`keras_loop`, :mod:`.initial_values` and :mod:`.rank_zero` enter
 :func:`local_only`; :mod:`.training`, :mod:`.iteration`, :mod:`.rank_zero` and
 :mod:`.initial_values` read them. Nothing here is patched, so nothing needs restoring.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import ContextManager, Iterator
+from typing import Any, ContextManager, Iterator
 
 
 class ThreadRegion:
@@ -65,3 +68,22 @@ def local_only() -> ContextManager[None]:
 def creating_locally() -> bool:
     """Return True inside :func:`local_only` on this thread."""
     return _local_creation.active
+
+
+_validation = threading.local()
+
+
+@contextlib.contextmanager
+def validating(share: Any) -> Iterator[None]:
+    """Mark the body as a ``fit`` whose validation input is ``share`` on this rank."""
+    previous = getattr(_validation, "share", None)
+    _validation.share = share
+    try:
+        yield
+    finally:
+        _validation.share = previous
+
+
+def validation_share() -> Any:
+    """Return the share set by the innermost :func:`validating` on this thread, or None."""
+    return getattr(_validation, "share", None)

@@ -4,8 +4,9 @@
 (:mod:`.sharding`); progress bar only on rank 0; the callback list becomes
 :func:`distributed_callbacks`: rank 0's weights and optimizer state broadcast at the start, epoch
 logs averaged across ranks before any user callback reads them, file-writing callbacks kept on
-rank 0 only. ``evaluate`` shards and returns metrics averaged across ranks; an input
-with fewer rows (or batches) than ranks is evaluated whole on every rank. ``predict`` shards
+rank 0 only. ``evaluate`` (and ``fit``'s validation) shares its input among the ranks, every
+row once, uneven shares allowed, and sums the ranks' metric states before computing the result
+(:mod:`.metric_states`): every rank gets the one-process result. ``predict`` shards
 and returns the full predictions, in input order, on every rank, also when some rank's share is
 empty (:mod:`.predict_share`). ``fit`` refuses training input with fewer rows than ranks
 (:class:`~hpcrep.errors.TransparentModeError` on every rank). A ``tf.data`` dataset marked as this
@@ -17,13 +18,12 @@ call's ordinal and the model: :mod:`hpcrep.tensorflow._keras.fit_key`) and saves
 ``fit`` whose checkpoint has done all its epochs trains nothing, says so, and returns the saved
 History. (``compile`` is :mod:`.xla`'s.)
 
-Each patched call runs inside :func:`.state.keras_loop`; calls that Keras makes from there
-(``fit`` runs ``evaluate`` for validation) pass straight through.
+Each patched call runs inside :func:`.state.keras_loop`; calls that Keras makes from there pass
+straight through, except ``fit``'s validation ``evaluate``, whose metric states are summed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import os
@@ -36,15 +36,16 @@ from keras.src.trainers.data_adapters.array_slicing import train_validation_spli
 from hpcrep import comm, config
 from hpcrep.tensorflow._keras.backup_and_restore import BackupAndRestore
 from hpcrep.tensorflow._keras.callbacks import (BroadcastGlobalVariablesCallback,
-                                                MetricAverageCallback, TimelineCallback,
-                                                average_logs)
+                                                MetricAverageCallback, TimelineCallback)
 from hpcrep.tensorflow._keras.checkpoint_callback import callback_from_settings
 from hpcrep.tensorflow._keras.communication_board import CommunicationTensorBoard
 from hpcrep.tensorflow.replica_check import watch_model
-from hpcrep.tensorflow.transparent import elastic_fit, sharding
+from hpcrep.tensorflow.transparent import elastic_fit, even_steps, metric_states, sharding
 from hpcrep.tensorflow.transparent.patching import PatchSet, bind, defining_class
-from hpcrep.tensorflow.transparent.predict_share import drop, shard_for_predict
-from hpcrep.tensorflow.transparent.state import in_keras_loop, keras_loop
+from hpcrep.tensorflow.transparent.metric_states import combining
+from hpcrep.tensorflow.transparent.predict_share import PredictShare, drop, shard_for_predict
+from hpcrep.tensorflow.transparent.state import (in_keras_loop, keras_loop, validating,
+                                                  validation_share)
 
 # Callbacks that write files or summaries: they run on rank 0 only. (Keras's BackupAndRestore is
 # not among them: fit replaces it by hpcrep's, which runs on every rank.)
@@ -98,25 +99,21 @@ def _quiet_off_root(arguments: dict) -> None:
         arguments["verbose"] = 0
 
 
-def _shard_validation(data: Any, rank: int, size: int) -> Any:
+def _evaluation_share(data: Any, rank: int, size: int) -> Optional[PredictShare]:
+    """This rank's share of ``fit``'s ``validation_data`` (every row once across the ranks)."""
     if data is None:
         return None
     if isinstance(data, (tuple, list)) and sharding.kind_of(data[0]) == "arrays":
-        parts = list(data)
-        x, rest, _ = sharding.shard_input(parts[0], parts[1:], rank, size, equal=True,
-                                          whole_if_short=True)
-        return (x, *rest)
-    return sharding.shard_input(data, [], rank, size, equal=True, whole_if_short=True)[0]
+        return shard_for_predict(data[0], rank, size, list(data[1:]))
+    if sharding.kind_of(data) == "presharded":
+        return PredictShare(sharding.check_presharded(data, equal=True), "presharded")
+    return shard_for_predict(data, rank, size)
 
 
-def _average_result(result: Any) -> Any:
-    """Average ``evaluate``'s return value (a number, a list or a dict). Collective."""
-    if isinstance(result, dict):
-        average_logs(result)
-        return result
-    values = np.atleast_1d(np.asarray(result, dtype=np.float64))
-    averaged = comm.allreduce(values, comm.Average, name="evaluate") if comm.size() > 1 else values
-    return [float(v) for v in averaged] if isinstance(result, (list, tuple)) else float(averaged[0])
+def _validation_input(share: Optional[PredictShare]) -> Any:
+    if share is None:
+        return None
+    return (share.x, *share.others) if share.kind == "arrays" else share.x
 
 
 class _BatchSizes(keras.callbacks.Callback):
@@ -158,18 +155,18 @@ def install(patches: PatchSet) -> None:
             watch_model(self.optimizer, self)  # the canary reports its non-trainable state too
 
         elastic, arrays, total_epochs = elastic_fit.requested(), None, a["epochs"]
+        if a["validation_split"] and sharding.kind_of(given["x"]) == "arrays":
+            if given["validation_data"] is None:  # as Keras would: the last rows of the whole
+                # input, unshuffled (not of each rank's share), before the rest is sharded
+                (given["x"], given["y"], given["sample_weight"]), \
+                    given["validation_data"] = train_validation_split(
+                        (given["x"], given["y"], given["sample_weight"]), a["validation_split"])
+            a["validation_split"] = 0.0
         if elastic:
             arrays = elastic_fit.arrays_to_order(given["x"], given["y"], given["sample_weight"],
                                                  a)
-            if arrays is not None and a["validation_split"]:
-                if given["validation_data"] is None:  # as Keras would: the last rows, unshuffled
-                    (given["x"], given["y"], given["sample_weight"]), \
-                        given["validation_data"] = train_validation_split(
-                            (given["x"], given["y"], given["sample_weight"]),
-                            a["validation_split"])
-                    arrays = dataclasses.replace(
-                        arrays, arrays=(given["x"], given["y"], given["sample_weight"]))
-                a["validation_split"] = 0.0
+
+        validation: list[Optional[PredictShare]] = [None]  # this attempt's share, for evaluate
 
         def attempt(initial_epoch: int, extra: list, data: Any = None,
                     epochs: Optional[int] = None) -> Any:
@@ -177,20 +174,25 @@ def install(patches: PatchSet) -> None:
             ``data`` (this rank's rows, ordered by :mod:`.elastic_fit`), to ``epochs``."""
             r, n = comm.rank(), comm.size()
             if data is None:
-                a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
+                a["x"], (a["y"], a["sample_weight"]), kind = sharding.shard_input(
                     given["x"], [given["y"], given["sample_weight"]], r, n, equal=True)
+                if kind == "arrays" and n > 1:
+                    a["x"], a["y"], a["sample_weight"] = even_steps.equal_steps(
+                        a["x"], a["y"], a["sample_weight"], sharding.count_rows(given["x"]), r,
+                        n, a["batch_size"] or 32, can_weight=a["class_weight"] is None)
             else:
                 a["x"], a["y"], a["sample_weight"] = data.dataset, None, None
                 a["validation_batch_size"] = (a["validation_batch_size"]
                                               or data.order.batch_size)  # as Keras defaults it
                 a["batch_size"], a["shuffle"] = None, False
                 a["steps_per_epoch"] = data.num_batches
-            a["validation_data"] = _shard_validation(given["validation_data"], r, n)
+            validation[0] = _evaluation_share(given["validation_data"], r, n)
+            a["validation_data"] = _validation_input(validation[0])
             a["callbacks"] = distributed_callbacks(given["callbacks"], checkpoint) + extra
             a["initial_epoch"] = initial_epoch
             a["epochs"] = total_epochs if epochs is None else epochs
             _quiet_off_root(a)
-            with keras_loop():
+            with keras_loop(), validating(validation[0]):
                 return original_fit(*bound.args, **bound.kwargs)
 
         if elastic:
@@ -201,19 +203,28 @@ def install(patches: PatchSet) -> None:
     @functools.wraps(original_evaluate)
     def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
         if in_keras_loop():
-            return original_evaluate(self, *args, **kwargs)
+            share = validation_share() if kwargs.get("_use_cached_eval_dataset") else None
+            if share is None:  # not fit's validation: Keras's own call, as it is
+                return original_evaluate(self, *args, **kwargs)
+            with combining(lambda: share.stand_in):
+                return original_evaluate(self, *args, **kwargs)
         bound = bind(original_evaluate, self, args, kwargs)
         a = bound.arguments
         rank, size = comm.rank(), comm.size()
-        a["x"], (a["y"], a["sample_weight"]), _ = sharding.shard_input(
-            a["x"], [a["y"], a["sample_weight"]], rank, size, equal=True, whole_if_short=True)
+        if sharding.kind_of(a["x"]) == "presharded":
+            share = PredictShare(sharding.check_presharded(a["x"], equal=True), "presharded",
+                                 others=[a["y"], a["sample_weight"]])
+        else:
+            share = shard_for_predict(a["x"], rank, size, [a["y"], a["sample_weight"]])
+        a["x"] = share.x
+        if share.kind == "arrays":
+            a["y"], a["sample_weight"] = share.others
         if comm.rank() != 0 and isinstance(a["callbacks"], (list, tuple)):
             a["callbacks"] = [cb for cb in a["callbacks"]
                               if not isinstance(cb, ROOT_ONLY_CALLBACKS)]
         _quiet_off_root(a)
-        with keras_loop():
-            result = original_evaluate(*bound.args, **bound.kwargs)
-        return _average_result(result) if size > 1 else result
+        with keras_loop(), combining(lambda: share.stand_in):
+            return original_evaluate(*bound.args, **bound.kwargs)
 
     @functools.wraps(original_predict)
     def predict(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -238,10 +249,12 @@ def install(patches: PatchSet) -> None:
         return sharding.gather_predictions(outputs,
                                            None if share.kind == "arrays" else sizes.sizes)
 
+    metric_states.install(patches)
     patches.attr(fit_owner, "fit", fit)
     patches.attr(defining_class(keras.Model, "evaluate"), "evaluate", evaluate)
     patches.attr(defining_class(keras.Model, "predict"), "predict", predict)
-    patches.label("fit/evaluate/predict (inputs sharded, equal steps)")
-    patches.label("epoch logs (averaged), callbacks writing files (rank 0 only)")
+    patches.label("fit/evaluate/predict (inputs sharded; fit: equal steps)")
+    patches.label("evaluate and validation metrics (states summed across ranks), "
+                  "epoch logs (averaged), callbacks writing files (rank 0 only)")
     if elastic_fit.requested():
         patches.label(elastic_fit.describe())
