@@ -10,6 +10,7 @@ relative paths show which rank wrote them) and, after a clean end, writes ``OUT/
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -68,7 +69,7 @@ def main() -> int:
         models.append(self)
 
     keras.layers.Layer.__init__ = track
-    code = runner.main(target, context=_transparent)
+    code = runner.main(target, context=functools.partial(_transparent, target))
     weights = {f"{i}_{j}": np.asarray(w) for i, m in enumerate(x for x in models
                                                                if isinstance(x, keras.Model))
                for j, w in enumerate(m.get_weights())}
