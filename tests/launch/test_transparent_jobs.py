@@ -58,12 +58,10 @@ def test_each_rank_trained_on_a_disjoint_quarter(job):
     union = collections.Counter()
     for f in first:
         union.update(f["mine"])
-    assert not union - full, "some row went to more than one rank"
+    assert union == full, "a row went to more than one rank, or to none"  # every row once
     total = sum(full.values())
-    for k, f in enumerate(first):
-        # a quarter each, less at most one batch lost to equal step counts
-        assert total // N - 64 <= len(f["mine"]) <= total // N, (k, len(f["mine"]), total)
-    assert len({len(f["mine"]) for f in first}) == 1
+    for k, f in enumerate(first):  # a quarter each: n // N rows or one more
+        assert total // N <= len(f["mine"]) <= -(-total // N), (k, len(f["mine"]), total)
 
 
 def test_the_loss_falls_and_only_rank_0_printed(job):
