@@ -75,7 +75,8 @@ def write(directory: Path, records: list[dict], seed: int, wall: float,
     lines += ["", f"## Failing trials ({len(bad)})", ""]
     for r in bad:
         t = r["trial"]
-        why = "; ".join(r.get("problems") or []) or (r.get("why") or "").strip().splitlines()[-1:]
+        why = "; ".join(r.get("problems") or []) or \
+            " ".join((r.get("why") or "").strip().splitlines()[-1:])
         lines.append(f"- `{t['name']}` {t['mode']}/{t['features']}/{t['kind']} "
                      f"({', '.join(f['when'] for f in t['faults'])}): **{r['outcome']}** {why}  ")
         lines.append(f"  replay: `{t['replay']}`")

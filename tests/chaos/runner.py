@@ -218,6 +218,9 @@ def judge(job: Job, record: dict, cache: Path) -> None:
         record["recovery_seconds"] = job.recovery_seconds(faults[0]["time"])
     if last["hung"]:
         record["outcome"] = "hang"
+        tail = read_text(job.out / f"stderr-{last['attempt']}.txt").strip().splitlines()
+        record["why"] = (f"launch {last['attempt']} did not end within {job.bound:.0f} s and was "
+                         f"killed; its stderr ended: {tail[-1][:200] if tail else '(empty)'}")
         return
     if not faults and last["code"] != 0:
         record["outcome"] = "refused"
