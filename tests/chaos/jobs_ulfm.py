@@ -184,7 +184,8 @@ class UlfmFitJob(UlfmExplicitJob):
         return len(re.findall(r"step end", self._stderr())) // self.trial.ranks
 
     def recovering(self, attempt: int, since: float) -> bool:
-        return "fit goes on" in self._stderr() or "survivors go on" in self._stderr()
+        # not "fit goes on after a failed rank": the start-up line says that
+        return bool(re.search(r"fit goes on (at|in) epoch|survivors go on", self._stderr()))
 
     def weights(self) -> list[dict[str, np.ndarray]]:
         return [load_npz(p) for p in sorted(self.out.glob("weights[0-9]*.npz"))]
