@@ -98,3 +98,16 @@ def test_the_report_lists_a_failing_trial_with_its_replay(tmp_path):
     assert f"`{bad.name}`" in text and bad.replay_command() in text
     assert good.replay_command() not in text
     assert json.loads((tmp_path / "report.json").read_text())["trials"][1]["outcome"] == "hang"
+
+
+def test_a_transparent_fit_recovers_at_its_goes_on_line_not_at_its_start_up_line(tmp_path):
+    from tests.chaos.jobs_ulfm import UlfmFitJob
+    job = UlfmFitJob(schedule.draw(1, 0), tmp_path)
+    (tmp_path / "stderr-0.txt").write_text(
+        "hpcrep transparent mode: 4 rank(s); fit goes on after a failed rank (ULFM; commits at "
+        "every epoch's end)\nstep end 1.0\n")
+    assert not job.recovering(0, 0.0)
+    with open(tmp_path / "stderr-0.txt", "a") as f:
+        f.write("hpcrep: fit goes on at epoch 2 on 3 ranks (from the commit at the end of "
+                "epoch 1; global batch now 3/4 of what it was)\n")
+    assert job.recovering(0, 0.0)
