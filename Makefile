@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: install ulfm lint test test-unit test-mpi test-mpi-4 test-mpi-1 test-launch test-cluster \
 	test-cluster-jobs test-unit-then-mpi-1 bench \
-	bench-full peers mutation clean
+	bench-full peers mutation chaos chaos-quick clean
 
 install:
 	@bash tools/install.sh
@@ -103,6 +103,20 @@ test-cluster:
 BESIDE_CLUSTER ?=
 test-cluster-jobs:
 	$(PYTEST) -q --durations=10 tests/slurm $(CLUSTER_TESTS)
+
+# Seeded fault campaign (tests/chaos/README.md): random faults (SIGKILL, SIGSTOP, a raising
+# rank, a kill during a checkpoint or commit write, a damaged checkpoint, a second fault during
+# the recovery) at moments timed from each job's own progress, in the three recovery modes (ULFM
+# shrink, hpcrep run --elastic relaunch, abort + resume from a checkpoint), one trial at a time;
+# report in reports/chaos-<time>/, every failing trial with the one command that replays it.
+# Exits non-zero if a trial failed. chaos-quick: one trial per mode from a fixed seed.
+CHAOS_TRIALS ?= 40
+CHAOS_SEED   ?= 1
+chaos: install ulfm
+	PYTHONPATH=$(CURDIR) $(PY) -m tests.chaos --trials $(CHAOS_TRIALS) --seed $(CHAOS_SEED)
+
+chaos-quick: install ulfm
+	PYTHONPATH=$(CURDIR) $(PY) -m tests.chaos --quick
 
 # Quick weak-scaling benchmark of ResNet-50, SN-GAN and D4PG at 1 and 2 ranks (2 cores), one
 # core per rank at both, with peers side by side (Horovod too once `make peers` has built it)

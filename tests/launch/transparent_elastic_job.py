@@ -2,10 +2,11 @@
 transparent case of tests/launch/test_ulfm_elastic.py, run as ``python -m hpcrep --elastic
 transparent_elastic_job.py OUT [ROWS [EPOCHS [SEED]]]``. Two lines are test instruments, not what a
 user writes: with ``KILL_RANK``/``KILL_AT`` in the environment, that MPI rank SIGKILLs itself
-before batch ``KILL_AT`` of the second epoch (once: not in a relaunched job), and every process
-writes its weights to ``OUT/weights<MPI rank>.npz`` (numpy's writes are not kept to rank 0) so
-that the test can compare the survivors'. Every process prints when each ``fit`` attempt begins
-and each step ends on stderr (``train begin T``, ``step end T``), for the test's timing.
+before batch ``KILL_AT`` of the second epoch (of epoch ``KILL_EPOCH`` if set; once: not in a
+relaunched job), and every process writes its weights to ``OUT/weights<MPI rank>.npz`` (numpy's
+writes are not kept to rank 0) so that the test can compare the survivors'. Every process prints
+when each ``fit`` attempt begins and each step ends on stderr (``train begin T``, ``step end T``),
+for the test's timing.
 """
 
 import os
@@ -37,7 +38,8 @@ epoch_now = [0]
 
 
 def maybe_die(batch, logs=None):
-    if (epoch_now[0] == 1 and batch == int(os.environ.get("KILL_AT", "-1"))
+    if (epoch_now[0] == int(os.environ.get("KILL_EPOCH", "1"))
+            and batch == int(os.environ.get("KILL_AT", "-1"))
             and world_rank == int(os.environ.get("KILL_RANK", "-1"))
             and not os.path.exists(os.path.join(out, "death"))):  # once (a relaunch runs again)
         with open(os.path.join(out, "death"), "w") as f:

@@ -39,6 +39,16 @@ parser.add_argument("--batch", type=int, default=32, help="rows per rank and ste
 parser.add_argument("--commit-every", type=int, default=5, help="steps between commits")
 parser.add_argument("--victim", type=int, default=-1, help="rank that SIGKILLs itself")
 parser.add_argument("--kill-at", type=int, default=20, help="in epoch 0, before this step")
+parser.add_argument("--kill-epoch", type=int, default=0,
+                    help="the epoch in which the victim SIGKILLs itself (--kill-at, --kill-rows)")
+parser.add_argument("--kill-rows", type=int, default=-1,
+                    help="the victim SIGKILLs itself once this many rows of --kill-epoch are "
+                         "done (-1: --kill-at steps of the first size), right after the commit "
+                         "of that row count: a planned stop at any commit (tests/chaos)")
+parser.add_argument("--ledger", action="store_true",
+                    help="every rank appends each step's rows and each resume to "
+                         "OUT/ledger-<name>.jsonl as it goes, so that the rows of a rank killed "
+                         "from outside are known (tests/chaos)")
 parser.add_argument("--stop", action="store_true",
                     help="the victim SIGSTOPs itself (a hung rank) instead of SIGKILL")
 parser.add_argument("--kill-in-grow", type=int, default=-1,
@@ -84,6 +94,13 @@ fed: list[list[int]] = []      # per step this rank ran: [epoch, rows_done befor
 resumes: list[list] = []  # where and when each call of train() started: [epoch, rows_done, time]
 
 
+def log_ledger(entry: dict) -> None:
+    """With --ledger, append ``entry`` to this process's ledger file at once."""
+    if args.ledger:
+        with open(os.path.join(args.out, f"ledger-{name}.jsonl"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
 def order(epoch: int) -> np.ndarray:
     """The epoch's permutation of the training rows (the same on every rank)."""
     return np.random.default_rng([args.seed, epoch]).permutation(len(x_train))
@@ -97,8 +114,10 @@ class Progress(keras.callbacks.Callback):
         self.epoch, self.rows, self.steps = epoch, rows, 0
 
     def on_train_batch_begin(self, batch, logs=None):
-        if (self.epoch == 0 and first_rank == args.victim and not spawned and state.rows_done
-                >= args.kill_at * first_size * args.batch):
+        kill_rows = (args.kill_rows if args.kill_rows >= 0
+                     else args.kill_at * first_size * args.batch)
+        if (self.epoch == args.kill_epoch and first_rank == args.victim and not spawned
+                and state.rows_done >= kill_rows):
             with open(os.path.join(args.out, "victim_fed.json"), "w") as f:
                 json.dump(fed, f)
             with open(os.path.join(args.out, "death"), "w") as f:
@@ -112,6 +131,7 @@ class Progress(keras.callbacks.Callback):
         n = hvd.size()
         mine = self.rows[self.steps * args.batch:(self.steps + 1) * args.batch]
         fed.append([self.epoch, state.rows_done] + [int(r) for r in mine])
+        log_ledger({"t": step_ends[-1], "fed": fed[-1]})
         state.rows_done += n * args.batch
         self.steps += 1
         if self.steps % args.commit_every == 0:
@@ -132,6 +152,7 @@ if not spawned:  # a spawned rank's first collective must be the state's sync
 def train(state):
     # Back at the last commit (rank 0's): steps this rank ran after it were not kept.
     resumes.append([state.epoch, state.rows_done, time.time()])
+    log_ledger({"t": resumes[-1][2], "resume": resumes[-1][:2]})
     fed[:] = [f for f in fed if (f[0], f[1]) < (state.epoch, state.rows_done)]
     # this process's first sync resumed past the start: a relaunch from a commit on disk
     relaunched = not spawned and (resumes[0][0], resumes[0][1]) > (0, 0)
