@@ -257,19 +257,52 @@ def _end_lost_neighbours(shrunk: ulfm.Shrunk, hosts: tuple[str, ...],
                 pass
 
 
+def leave_as_failed(message: str) -> None:
+    """End this process as a failed rank of a fault-tolerant job: print ``message`` on stderr,
+    flush, and SIGKILL this process, so that the other ranks see a lost rank (and go on under
+    ``@hvd.elastic.run``, or fail and end) instead of waiting for good on a rank that is only
+    exiting: an exiting rank is not detected as failed, and its ``MPI_Finalize`` would wait for
+    the others. No return. Local."""
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _leave_on_unhandled_exception() -> None:
+    """Make an unhandled exception end this rank as a failed one, after the usual traceback
+    (:func:`leave_as_failed`); undone at :func:`hpcrep.comm.shutdown`. Local."""
+    previous = sys.excepthook
+
+    def hook(kind: type, value: BaseException, tb: object) -> None:
+        previous(kind, value, tb)
+        leave_as_failed(f"hpcrep: rank {world.rank()} ended with an unhandled {kind.__name__} "
+                        "in a fault-tolerant job: it leaves as a failed rank, so that the others "
+                        "go on (@hvd.elastic.run) or end, rather than wait for it")
+
+    sys.excepthook = hook
+
+    def restore() -> None:
+        if sys.excepthook is hook:
+            sys.excepthook = previous
+
+    world.at_shutdown(restore)
+
+
 def arm() -> None:
     """In a job started with fault tolerance on, end MPI at exit the way :func:`_at_exit` does:
     Open MPI 5's ``MPI_Finalize`` there can wait for good, with or without a failure (4 ranks on
     2 nodes with the threaded detector and no failure sat in it after writing their results).
     Registered after mpi4py's own exit hook, so it runs first. Where ULFM's heartbeat detector
     runs without its own thread, also starts the thread that keeps MPI progressing for it
-    (:func:`hpcrep.comm.ulfm.start_progress`). Local; once. :func:`hpcrep.comm.init` calls it
+    (:func:`hpcrep.comm.ulfm.start_progress`). An unhandled exception then ends the rank as a
+    failed one (:func:`leave_as_failed`). Local; once. :func:`hpcrep.comm.init` calls it
     (registered with :func:`hpcrep.comm.world.at_init`)."""
     global _finalize_hooked
     with _lock:
         if not _finalize_hooked and ulfm.ft_enabled() and world.is_initialized():
             atexit.register(_at_exit)
             _finalize_hooked = True
+            _leave_on_unhandled_exception()
             if ulfm.detector_needs_progress() and not ulfm.start_progress():
                 print("hpcrep: warning: ULFM's heartbeat detector runs without its own thread "
                       "and MPI was not started with MPI_THREAD_MULTIPLE, so nothing makes MPI "

@@ -87,9 +87,20 @@ def _world() -> tuple[int, int]:
 
 
 def abort_job(code: int, message: str) -> None:
-    """Print ``message`` and the current traceback to stderr, then abort every rank. No return."""
+    """Print ``message`` and the current traceback to stderr, then abort every rank; in a job
+    with fault tolerance on (ULFM), end this rank alone as a failed one instead, so that the
+    others can go on (:func:`hpcrep.comm.recovery.leave_as_failed`). No return."""
     rank, size = _world()
     sys.stdout.flush()
+    from hpcrep.comm import recovery, ulfm  # noqa: PLC0415
+
+    if ulfm.ft_enabled():
+        print(f"hpcrep: rank {rank} of {size} on {socket.gethostname()} {message}.",
+              file=sys.stderr)
+        if sys.exc_info()[0] is not None:
+            traceback.print_exc(file=sys.stderr)
+        recovery.leave_as_failed(f"hpcrep: rank {rank} leaves the fault-tolerant job as a "
+                                 "failed rank, so that the others go on (elastic) or end")
     print(f"hpcrep: rank {rank} of {size} on {socket.gethostname()} {message}; aborting all "
           f"{size} ranks (MPI_Abort, exit code {code}).", file=sys.stderr)
     if sys.exc_info()[0] is not None:

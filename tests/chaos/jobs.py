@@ -220,10 +220,12 @@ class RelaunchJob(Job):
                 "--epoch-sleep", "0.3", "--out", str(out / "final.npz")]
 
     def command(self, attempt: int) -> tuple[list[str], dict, Path]:
-        return self._argv(self.out), base_env(HPCREP_STALL_TIMEOUT=STALL_TIMEOUT), self.out
+        # the relaunch path: with .venv-ulfm built, hpcrep run --elastic would recover in place
+        return self._argv(self.out), base_env(HPCREP_STALL_TIMEOUT=STALL_TIMEOUT,
+                                              HPCREP_ELASTIC_RECOVERY="relaunch"), self.out
 
     def reference_command(self, out: Path) -> list[tuple[list[str], dict, Path]]:
-        return [(self._argv(out), base_env(), out)]
+        return [(self._argv(out), base_env(HPCREP_ELASTIC_RECOVERY="relaunch"), out)]
 
     def _stdout(self) -> str:
         return read_text(self.out / "stdout-0.txt") + read_text(self.out / "stdout-1.txt") + \

@@ -105,10 +105,12 @@ def check_weights_and_rows(scratch: Path, names: list[str], results: list[dict],
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("how", ["kill", "stop"])
+@pytest.mark.parametrize("how", ["kill", "stop", "raise"])
 def test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job(ulfm_venv, scratch, how):
+    """A rank SIGKILLed, SIGSTOPped (the detector declares it failed), or ended by an unhandled
+    exception (it leaves as a failed rank rather than wait at exit for the others)."""
     done = run_job(ulfm_venv, scratch, "--victim", str(VICTIM), "--kill-at", str(KILL_AT),
-                   *(["--stop"] if how == "stop" else []))
+                   *({"stop": ["--stop"], "raise": ["--raise"]}.get(how, [])))
     output = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
     assert f"hpcrep: rank(s) {VICTIM} of {RANKS} failed; {RANKS - 1} survivors go on" \
@@ -136,13 +138,13 @@ def test_survivors_of_a_lost_rank_shrink_and_finish_the_keras_job(ulfm_venv, scr
     first = max(min(t for t in r["step_ends"] if t > r["resumes"][1][2]) for r in results)
     noticed = [r["recoveries"][0]["noticed"] - death for r in results]
     shrink = [r["recoveries"][0]["shrink_seconds"] for r in results]
-    signalled = {"kill": "SIGKILLed", "stop": "SIGSTOPped"}[how]
+    signalled = {"kill": "SIGKILLed", "stop": "SIGSTOPped", "raise": "raised"}[how]
     print(f"\nULFM elastic Keras: rank {VICTIM} of {RANKS} {signalled}; first step of the "
           f"survivors {first - death:.3f} s after; noticed after "
           f"{', '.join(f'{n * 1e3:.0f}' for n in noticed)} ms; revoke + shrink "
           f"{', '.join(f'{s * 1e3:.1f}' for s in shrink)} ms")
     assert first - death < 30, first - death  # seconds, not a watchdog's minute or a relaunch
-    if how == "kill":  # the kill cost the steps since the commit and nothing else
+    if how in ("kill", "raise"):  # the loss cost the steps since the commit and nothing else
         planned = explicit_planned_resize(ulfm_venv, scratch / "planned")
         kept = np.load(scratch / f"weights-rank{survivors[0]}.npz")
         assert_same_weights(kept, planned, "the survivors' weights are not those of the "

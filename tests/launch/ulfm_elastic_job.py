@@ -49,6 +49,8 @@ parser.add_argument("--ledger", action="store_true",
                     help="every rank appends each step's rows and each resume to "
                          "OUT/ledger-<name>.jsonl as it goes, so that the rows of a rank killed "
                          "from outside are known (tests/chaos)")
+parser.add_argument("--raise", dest="raise_", action="store_true",
+                    help="the victim raises an exception (unhandled) instead of SIGKILL")
 parser.add_argument("--stop", action="store_true",
                     help="the victim SIGSTOPs itself (a hung rank) instead of SIGKILL")
 parser.add_argument("--kill-in-grow", type=int, default=-1,
@@ -122,6 +124,8 @@ class Progress(keras.callbacks.Callback):
                 json.dump(fed, f)
             with open(os.path.join(args.out, "death"), "w") as f:
                 f.write(f"{time.time():.6f}\n")
+            if args.raise_:
+                raise RuntimeError(f"injected failure of rank {first_rank}")
             os.kill(os.getpid(), signal.SIGSTOP if args.stop else signal.SIGKILL)
 
     def on_train_batch_end(self, batch, logs=None):
