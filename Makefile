@@ -18,9 +18,11 @@ install:
 # timeouts), and so do the unit tests and the 1-rank run of the collective suite (0.8 and 0.9):
 # those two run one after the other beside the Slurm and cluster tests (BESIDE_CLUSTER; -O prints
 # each one's output whole when it ends).
+# chaos-quick (a few minutes): one seeded fault trial per recovery mode, after the stages that
+# keep both cores busy and before the cluster's.
 test: install ulfm
 	$(MAKE) --no-print-directory lint
-	$(MAKE) --no-print-directory test-mpi-4 test-launch
+	$(MAKE) --no-print-directory test-mpi-4 test-launch chaos-quick
 	$(MAKE) --no-print-directory test-cluster BESIDE_CLUSTER=test-unit-then-mpi-1
 
 test-unit-then-mpi-1:
