@@ -34,6 +34,7 @@ from hpcrep.errors import CollectiveArgumentError
 from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope, reduced_scope
 from hpcrep.tensorflow.optimizer import is_distributed
 from hpcrep.tensorflow.replica_check import checks_replicas
+from hpcrep.tensorflow.timeline import mark_step
 
 # Transparent mode's reducer while it is active (set and restored through its PatchSet).
 transparent_reducer: Optional[GradientReducer] = None
@@ -87,7 +88,11 @@ def _reduce_then_apply(self: Any, grads: Any, trainable_variables: Any = None) -
         list(self._trainable_variables) if self.built else None)
     reduced = reducer.reduce(grads, sources)
     with reduced_scope():
-        return _original_apply(self, reduced, variables)
+        applied = _original_apply(self, reduced, variables)
+    # The timeline's step boundary (when it records): the inner apply, in reduced_scope, does
+    # not mark it, as the DistributedOptimizer that reduced would have.
+    mark_step("apply", "end", after=[reduced, self.iterations])
+    return applied
 
 
 def install() -> None:

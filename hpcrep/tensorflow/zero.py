@@ -55,8 +55,9 @@ import tensorflow as tf
 from hpcrep import comm
 from hpcrep.comm.ops import ReduceOp
 from hpcrep.errors import CheckpointError, ShardedStateError
-from hpcrep.tensorflow.gradients import GradientReducer
+from hpcrep.tensorflow.gradients import GradientReducer, in_reduced_scope
 from hpcrep.tensorflow.replica_check import checks_replicas
+from hpcrep.tensorflow.timeline import mark_step
 from hpcrep.tensorflow.zero_step import ShardedState
 
 #: Keras optimizers whose update of each element reads only that element (exact classes: a
@@ -134,7 +135,10 @@ class _ShardedMixin:
         if not self.built:
             self.build(variables)
         self._hpcrep_zero.loaded = None  # shared by now, if it is to be (share_loaded_state)
+        outermost = not in_reduced_scope()  # else a LossScaleOptimizer around this one reduced
         self._hpcrep_zero.apply(list(grads), variables)
+        if outermost:  # the timeline's step boundary (when it records), as the unsharded apply
+            mark_step("apply", "end", after=[self.iterations])
 
     def save_own_variables(self, store: Any) -> None:
         """Keras saving (``model.save``, ``save_weights``): write the full state as the
