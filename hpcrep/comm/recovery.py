@@ -28,7 +28,7 @@ from typing import Optional
 from hpcrep import config
 from hpcrep.comm import ulfm, watchdog, world
 from hpcrep.comm.abort import done_notice
-from hpcrep.errors import RankFailedError
+from hpcrep.errors import HpcrepError, RankFailedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,13 +268,22 @@ def leave_as_failed(message: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def is_own_failure(exc: Optional[BaseException]) -> bool:
+    """Return True if ``exc``, unhandled, is this rank's own failure (the program's exception),
+    which should end it as a failed rank; False for hpcrep's errors, which the ranks raise
+    together (a failed growth, an agreed check) and end the job as before. Local."""
+    return exc is not None and not isinstance(exc, HpcrepError)
+
+
 def _leave_on_unhandled_exception() -> None:
-    """Make an unhandled exception end this rank as a failed one, after the usual traceback
-    (:func:`leave_as_failed`); undone at :func:`hpcrep.comm.shutdown`. Local."""
+    """Make an unhandled exception of the program's own end this rank as a failed one, after the
+    usual traceback (:func:`leave_as_failed`); undone at :func:`hpcrep.comm.shutdown`. Local."""
     previous = sys.excepthook
 
     def hook(kind: type, value: BaseException, tb: object) -> None:
         previous(kind, value, tb)
+        if not is_own_failure(value):
+            return
         leave_as_failed(f"hpcrep: rank {world.rank()} ended with an unhandled {kind.__name__} "
                         "in a fault-tolerant job: it leaves as a failed rank, so that the others "
                         "go on (@hvd.elastic.run) or end, rather than wait for it")

@@ -88,13 +88,14 @@ def _world() -> tuple[int, int]:
 
 def abort_job(code: int, message: str) -> None:
     """Print ``message`` and the current traceback to stderr, then abort every rank; in a job
-    with fault tolerance on (ULFM), end this rank alone as a failed one instead, so that the
-    others can go on (:func:`hpcrep.comm.recovery.leave_as_failed`). No return."""
+    with fault tolerance on (ULFM), end this rank alone as a failed one instead when the failure
+    is the script's own, so that the others can go on
+    (:func:`hpcrep.comm.recovery.leave_as_failed`). No return."""
     rank, size = _world()
     sys.stdout.flush()
     from hpcrep.comm import recovery, ulfm  # noqa: PLC0415
 
-    if ulfm.ft_enabled():
+    if ulfm.ft_enabled() and recovery.is_own_failure(sys.exc_info()[1]):
         print(f"hpcrep: rank {rank} of {size} on {socket.gethostname()} {message}.",
               file=sys.stderr)
         if sys.exc_info()[0] is not None:

@@ -185,6 +185,6 @@ def test_a_signal_to_hpcrep_run_stops_an_elastic_job_without_a_relaunch(mpirun, 
     assert len(kept) == 1 and os.listdir(kept[0]), err[-3000:]  # the last commit stays
     assert f"HPCREP_ELASTIC_DIR={kept[0]}" in err
     deadline = time.monotonic() + 10  # no rank outlives the launcher for long
-    while _job_processes(JOB) and time.monotonic() < deadline:
+    while _job_processes(out) and time.monotonic() < deadline:  # this job's (its own --out)
         time.sleep(0.2)
-    assert not _job_processes(JOB), _job_processes(JOB)
+    assert not _job_processes(out), _job_processes(out)
