@@ -27,11 +27,14 @@ PREFIX = "HPCREP_"
 EXIT_CODE = 2  # as argparse exits on a bad command line
 
 # Directory settings: what rank 0 writes there, and what leaving the setting unset means.
-DIRECTORIES: dict[str, tuple[str, str]] = {
+# What is written there, how to do without, and the mode a missing directory is created with:
+# an elastic commit is loaded only from a directory no one else can write
+# (hpcrep.checkpoint.private_dir), so that one is made private as the commit would make it.
+DIRECTORIES: dict[str, tuple[str, str, int]] = {
     "HPCREP_CHECKPOINT_DIR": ("rank 0 saves checkpoints there",
-                              "unset it to train without checkpoints"),
+                              "unset it to train without checkpoints", 0o777),
     "HPCREP_ELASTIC_DIR": ("rank 0 writes each elastic commit there",
-                           "unset it to keep commits in memory only"),
+                           "unset it to keep commits in memory only", 0o700),
 }
 
 # Launcher variables that hold this process's rank before MPI starts, most specific first
@@ -86,12 +89,12 @@ def problems(environ: Optional[Mapping[str, str]] = None) -> list[str]:
 
 def _directory(name: str, path: str) -> str:
     """Create ``path`` if missing and write a file in it; return what failed, or ``''``."""
-    what, unset = DIRECTORIES[name]
+    what, unset, mode = DIRECTORIES[name]
     if os.path.exists(path) and not os.path.isdir(path):
         why = "it exists and is not a directory"
     else:
         try:
-            os.makedirs(path, exist_ok=True)
+            os.makedirs(path, mode=mode, exist_ok=True)
             with tempfile.TemporaryFile(dir=path):
                 return ""
         except OSError as exc:

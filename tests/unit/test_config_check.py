@@ -195,3 +195,13 @@ def test_init_raises_one_settings_error_listing_every_problem_before_mpi(monkeyp
         assert line in str(raised.value)
     assert "did you mean HPCREP_FUSION_THRESHOLD?" in str(raised.value)
     assert not hc.is_initialized()
+
+
+def test_a_missing_elastic_dir_is_made_private_as_the_commit_would_make_it(tmp_path):
+    """The start-up check creates HPCREP_ELASTIC_DIR before any commit does; it must not leave
+    a directory others may write, from which a later resume would refuse the commit."""
+    elastic, checkpoints = tmp_path / "elastic", tmp_path / "ckpt"
+    assert config_check.directory_problems({"HPCREP_ELASTIC_DIR": str(elastic),
+                                            "HPCREP_CHECKPOINT_DIR": str(checkpoints)}) == []
+    assert elastic.stat().st_mode & 0o777 == 0o700
+    assert checkpoints.is_dir()
